@@ -1,0 +1,112 @@
+//! The versioned envelope: the JSON body of every NATS message and the columns of the `events` table.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::event::{AGGREGATE_TYPE, OrderEvent, PayloadError};
+use crate::upcast::{UpcastError, Upcasters};
+use crate::values::OrderId;
+
+/// One stored or published event with its routing and tracing facts.
+///
+/// Unknown envelope fields are ignored on read, so a producer may add one without breaking consumers;
+/// the payload, by contrast, is checked strictly against its versioned schema.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventEnvelope {
+    /// UUID v7, unique; also the `Nats-Msg-Id` header, so JetStream can drop duplicates.
+    pub event_id: Uuid,
+    /// Dotted name, e.g. `order.placed`.
+    pub event_type: String,
+    /// Schema version of `payload` (≥ 1).
+    pub event_version: i32,
+    /// Always `order` here.
+    pub aggregate_type: String,
+    /// The order's id.
+    pub aggregate_id: Uuid,
+    /// 1-based position in the aggregate's stream: the per-aggregate order key.
+    pub aggregate_version: i64,
+    /// When the command that caused it was decided (UTC).
+    pub occurred_at: DateTime<Utc>,
+    /// Shared by every event of one flow across services.
+    pub correlation_id: Option<Uuid>,
+    /// The command (or event) that directly caused this one.
+    pub causation_id: Option<Uuid>,
+    /// The event body, in the shape of `event_version`.
+    pub payload: Value,
+}
+
+/// The facts about an event that the domain does not decide: ids, the clock and tracing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventMeta {
+    /// The new event's id.
+    pub event_id: Uuid,
+    /// The time of the decision.
+    pub occurred_at: DateTime<Utc>,
+    /// The flow this belongs to.
+    pub correlation_id: Option<Uuid>,
+    /// The command that caused it.
+    pub causation_id: Option<Uuid>,
+}
+
+/// Why an envelope could not become an [`OrderEvent`].
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The bytes are not an envelope at all.
+    #[error("not an event envelope: {0}")]
+    Envelope(#[from] serde_json::Error),
+    /// The envelope is about something other than an order.
+    #[error("aggregate type {0:?} is not an order")]
+    AggregateType(String),
+    /// The `(event_type, event_version)` has no path to the current shape.
+    #[error(transparent)]
+    Upcast(#[from] UpcastError),
+    /// The upcast payload does not fit the current schema.
+    #[error(transparent)]
+    Payload(#[from] PayloadError),
+}
+
+impl EventEnvelope {
+    /// Wraps a freshly decided event in its envelope at `aggregate_version`.
+    pub fn wrap(
+        event: &OrderEvent,
+        order_id: OrderId,
+        aggregate_version: i64,
+        meta: EventMeta,
+    ) -> Self {
+        Self {
+            event_id: meta.event_id,
+            event_type: event.event_type().to_owned(),
+            event_version: event.event_version(),
+            aggregate_type: AGGREGATE_TYPE.to_owned(),
+            aggregate_id: order_id.as_uuid(),
+            aggregate_version,
+            occurred_at: meta.occurred_at,
+            correlation_id: meta.correlation_id,
+            causation_id: meta.causation_id,
+            payload: event.to_payload(),
+        }
+    }
+
+    /// Parses a message body.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, DecodeError> {
+        Ok(serde_json::from_slice(bytes)?)
+    }
+
+    /// The message body.
+    pub fn to_json(&self) -> Vec<u8> {
+        // An envelope of strings, numbers and a `Value` always serializes.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Upcasts the payload to the current version and decodes it.
+    pub fn decode(&self, upcasters: &Upcasters) -> Result<OrderEvent, DecodeError> {
+        if self.aggregate_type != AGGREGATE_TYPE {
+            return Err(DecodeError::AggregateType(self.aggregate_type.clone()));
+        }
+        let payload =
+            upcasters.upcast(&self.event_type, self.event_version, self.payload.clone())?;
+        Ok(OrderEvent::from_payload(&self.event_type, payload)?)
+    }
+}

@@ -1,0 +1,24 @@
+//! The order domain: pure, synchronous, no I/O, no clock and no randomness.
+//!
+//! Commands are decided against the folded [`Order`]; the resulting [`OrderEvent`]s are wrapped in a
+//! versioned [`EventEnvelope`] by the caller, who supplies ids and time. Stored payloads of any version
+//! come back to the current shape through [`Upcasters`].
+
+pub mod envelope;
+pub mod event;
+pub mod order;
+pub mod upcast;
+pub mod values;
+
+pub use envelope::{DecodeError, EventEnvelope, EventMeta};
+pub use event::{
+    AGGREGATE_TYPE, CURRENT_VERSIONS, OrderCancelled, OrderEvent, OrderPaid, OrderPlaced,
+    OrderShipped, PayloadError,
+};
+pub use order::{
+    CancelOrder, Order, OrderCommand, OrderError, OrderStatus, PayOrder, PlaceOrder, ShipOrder,
+};
+pub use upcast::{UpcastError, Upcasters};
+pub use values::{
+    Cents, Currency, CustomerId, Note, OrderId, OrderLine, Quantity, Sku, ValueError,
+};
