@@ -12,7 +12,7 @@ use crate::event::{OrderCancelled, OrderEvent, OrderPaid, OrderPlaced, OrderShip
 use crate::values::{Cents, Currency, CustomerId, Note, OrderId, OrderLine, ValueError};
 
 /// Place a new order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PlaceOrder {
     /// Who orders.
     pub customer_id: CustomerId,
@@ -23,7 +23,7 @@ pub struct PlaceOrder {
 }
 
 /// Pay a placed order in full.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PayOrder {
     /// Must equal the order total.
     pub amount_cents: Cents,
@@ -32,14 +32,14 @@ pub struct PayOrder {
 }
 
 /// Cancel a placed or paid order (the latter is a refund).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CancelOrder {
     /// Why.
     pub reason: Note,
 }
 
 /// Ship a paid order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ShipOrder {
     /// Who carries it.
     pub carrier: Note,
@@ -47,8 +47,10 @@ pub struct ShipOrder {
     pub tracking_number: Note,
 }
 
-/// Something a caller asks an order to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Something a caller asks an order to do. Serializes as `{"command": "pay", ...fields}`, which the
+/// store keeps to recognise a retried request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
 pub enum OrderCommand {
     /// See [`PlaceOrder`].
     Place(PlaceOrder),

@@ -1,0 +1,235 @@
+//! Appending events: the `events` rows and their `outbox` rows are written by one statement, so they
+//! commit together or not at all, and the unique `(aggregate_id, aggregate_version)` is the
+//! optimistic-concurrency guard.
+
+use domain::EventEnvelope;
+use serde_json::Value;
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+/// Extra facts recorded with an append.
+#[derive(Debug, Clone, Default)]
+pub struct AppendOptions {
+    /// Record the result under this key in the same transaction (see [`crate::EventStore`]).
+    pub idempotency: Option<(String, Value)>,
+    /// W3C trace context to forward with the published messages.
+    pub traceparent: Option<String>,
+}
+
+/// What an append wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendResult {
+    /// The aggregate's version after the append.
+    pub aggregate_version: i64,
+    /// The ids of the appended events, in order.
+    pub event_ids: Vec<Uuid>,
+}
+
+/// Why an append wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    /// Another writer got there first (or the caller's expected version is stale): nothing was written.
+    #[error(
+        "aggregate {aggregate_id} is at version {actual}, not the expected {expected}: it was changed concurrently"
+    )]
+    VersionConflict {
+        /// The aggregate.
+        aggregate_id: Uuid,
+        /// The version the caller decided against.
+        expected: i64,
+        /// The version found in the store.
+        actual: i64,
+    },
+    /// The idempotency key is already recorded: the caller should return the recorded result.
+    #[error("idempotency key {0:?} is already recorded")]
+    IdempotencyKeyTaken(String),
+    /// An event id of the batch is already in the store.
+    #[error("an event id of this batch already exists in the store")]
+    DuplicateEventId,
+    /// The batch is not a run of versions `expected + 1, expected + 2, ...` of one aggregate.
+    #[error("invalid append: {0}")]
+    InvalidBatch(&'static str),
+    /// The database failed; nothing was written.
+    #[error("appending events failed: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Writes `events` (versions `expected_version + 1 ..`) and one outbox row per event, atomically.
+///
+/// With an idempotency key the key is recorded in the same transaction, so a retry either finds the key
+/// (and the events) or finds neither.
+pub async fn append(
+    pool: &PgPool,
+    aggregate_id: Uuid,
+    expected_version: i64,
+    events: &[EventEnvelope],
+    options: &AppendOptions,
+) -> Result<AppendResult, AppendError> {
+    check_batch(aggregate_id, expected_version, events)?;
+    let written = match &options.idempotency {
+        None => insert_events(pool, aggregate_id, expected_version, events, options).await,
+        Some((key, request)) => {
+            let mut tx = pool.begin().await?;
+            record_key(
+                &mut tx,
+                key,
+                request,
+                aggregate_id,
+                expected_version,
+                events,
+            )
+            .await?;
+            let written =
+                insert_events(&mut *tx, aggregate_id, expected_version, events, options).await;
+            if matches!(written, Ok(n) if n == events.len() as u64) {
+                tx.commit().await?;
+            }
+            // Otherwise the transaction drops here and rolls back the key with everything else.
+            written
+        }
+    };
+    match written {
+        Ok(n) if n == events.len() as u64 => Ok(AppendResult {
+            aggregate_version: expected_version + events.len() as i64,
+            event_ids: events.iter().map(|e| e.event_id).collect(),
+        }),
+        // The guard found no event at `expected_version`: the caller is ahead of the store.
+        Ok(_) => Err(conflict(pool, aggregate_id, expected_version).await),
+        Err(e) => Err(classify(pool, e, aggregate_id, expected_version).await),
+    }
+}
+
+fn check_batch(
+    aggregate_id: Uuid,
+    expected_version: i64,
+    events: &[EventEnvelope],
+) -> Result<(), AppendError> {
+    if events.is_empty() {
+        return Err(AppendError::InvalidBatch("no events to append"));
+    }
+    if expected_version < 0 {
+        return Err(AppendError::InvalidBatch("expected version is negative"));
+    }
+    for (offset, event) in events.iter().enumerate() {
+        if event.aggregate_id != aggregate_id {
+            return Err(AppendError::InvalidBatch(
+                "events of more than one aggregate",
+            ));
+        }
+        if event.aggregate_version != expected_version + 1 + offset as i64 {
+            return Err(AppendError::InvalidBatch(
+                "event versions must continue from the expected version without gaps",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Inserts the events and, in the same statement, their outbox rows. Returns how many events it wrote:
+/// all of them, or none when the aggregate is not at `expected_version`.
+async fn insert_events(
+    db: impl sqlx::PgExecutor<'_>,
+    aggregate_id: Uuid,
+    expected_version: i64,
+    events: &[EventEnvelope],
+    options: &AppendOptions,
+) -> sqlx::Result<u64> {
+    // One statement, one round trip: a data-modifying CTE writes the events and feeds their outbox
+    // rows. The WHERE guard refuses a batch whose expected version does not exist yet (which would
+    // leave a gap); the unique (aggregate_id, aggregate_version) refuses one that is already taken.
+    let done = sqlx::query(
+        "WITH new_events AS (
+            INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
+                                aggregate_version, occurred_at, correlation_id, causation_id, payload)
+            SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::uuid[],
+                                 $6::int8[], $7::timestamptz[], $8::uuid[], $9::uuid[], $10::jsonb[])
+            WHERE $11::int8 = 0
+               OR EXISTS (SELECT 1 FROM events WHERE aggregate_id = $12 AND aggregate_version = $11)
+            RETURNING event_id, event_type, aggregate_id, aggregate_version
+        )
+        INSERT INTO outbox (event_id, event_type, aggregate_id, aggregate_version, traceparent)
+        SELECT event_id, event_type, aggregate_id, aggregate_version, $13 FROM new_events",
+    )
+    .bind(events.iter().map(|e| e.event_id).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.event_version).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.aggregate_type.as_str()).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.aggregate_id).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.aggregate_version).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.occurred_at).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.correlation_id).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| e.causation_id).collect::<Vec<_>>())
+    .bind(events.iter().map(|e| &e.payload).collect::<Vec<_>>())
+    .bind(expected_version)
+    .bind(aggregate_id)
+    .bind(options.traceparent.as_deref())
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+async fn record_key(
+    tx: &mut Transaction<'_, Postgres>,
+    key: &str,
+    request: &Value,
+    aggregate_id: Uuid,
+    expected_version: i64,
+    events: &[EventEnvelope],
+) -> Result<(), AppendError> {
+    // A concurrent request with the same key blocks here until the first commits, then finds the key.
+    let inserted = sqlx::query(
+        "INSERT INTO command_idempotency
+             (idempotency_key, request, aggregate_id, aggregate_version, event_ids)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (idempotency_key) DO NOTHING",
+    )
+    .bind(key)
+    .bind(request)
+    .bind(aggregate_id)
+    .bind(expected_version + events.len() as i64)
+    .bind(events.iter().map(|e| e.event_id).collect::<Vec<_>>())
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        return Err(AppendError::IdempotencyKeyTaken(key.to_owned()));
+    }
+    Ok(())
+}
+
+/// Turns a database error into the named error it stands for.
+async fn classify(
+    pool: &PgPool,
+    err: sqlx::Error,
+    aggregate_id: Uuid,
+    expected_version: i64,
+) -> AppendError {
+    let constraint = err
+        .as_database_error()
+        .and_then(|e| e.constraint())
+        .map(str::to_owned);
+    match constraint.as_deref() {
+        Some("events_aggregate_version_key") => {
+            conflict(pool, aggregate_id, expected_version).await
+        }
+        Some("events_event_id_key") | Some("outbox_event_id_key") => AppendError::DuplicateEventId,
+        _ => AppendError::Database(err),
+    }
+}
+
+async fn conflict(pool: &PgPool, aggregate_id: Uuid, expected: i64) -> AppendError {
+    let actual = sqlx::query_scalar(
+        "SELECT coalesce(max(aggregate_version), 0) FROM events WHERE aggregate_id = $1",
+    )
+    .bind(aggregate_id)
+    .fetch_one(pool)
+    .await;
+    match actual {
+        Ok(actual) => AppendError::VersionConflict {
+            aggregate_id,
+            expected,
+            actual,
+        },
+        Err(e) => AppendError::Database(e),
+    }
+}

@@ -1,0 +1,22 @@
+//! The PostgreSQL event store: events and their outbox rows commit in one statement, history loads
+//! through the upcasters, and commands run with optimistic concurrency and optional idempotency keys.
+//!
+//! Nothing here talks to NATS: only the relay publishes.
+
+mod append;
+mod commands;
+mod database;
+mod load;
+mod notify;
+
+pub use append::{AppendError, AppendOptions, AppendResult, append};
+pub use commands::{CommandContext, CommandError, CommandOutcome, EventStore};
+pub use database::{
+    connect, connect_options, ensure_database, has_sqlstate, is_undefined_table, migrate,
+};
+pub use load::{LoadError, envelope_from_row, load_envelopes, load_order};
+pub use notify::{OUTBOX_CHANNEL, OutboxNotifier, notify_now};
+
+/// Every migration under `migrations/`, embedded in the binary. Tests use it through
+/// `#[sqlx::test(migrator = "store::MIGRATOR")]`, so each gets a fresh, migrated database.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

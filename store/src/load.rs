@@ -1,0 +1,109 @@
+//! Reading an aggregate's history back: rows to envelopes, upcast, decoded and folded.
+
+use domain::{DecodeError, EventEnvelope, Order, OrderEvent, OrderId, Upcasters};
+use sqlx::postgres::PgRow;
+use sqlx::{PgExecutor, Row};
+use uuid::Uuid;
+
+/// Why an order's history could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The database failed.
+    #[error("reading events failed: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A stored event cannot be brought to the current shape: a missing upcaster or a corrupt row.
+    #[error(
+        "event {event_id} (version {aggregate_version} of order {aggregate_id}) cannot be decoded: {source}"
+    )]
+    Undecodable {
+        /// The bad event.
+        event_id: Uuid,
+        /// Its order.
+        aggregate_id: Uuid,
+        /// Its position in the order's stream.
+        aggregate_version: i64,
+        /// Why.
+        source: DecodeError,
+    },
+    /// Versions are not 1, 2, 3, ...: the log was tampered with.
+    #[error("order {aggregate_id} history has a gap: expected version {expected}, found {found}")]
+    Gap {
+        /// The order.
+        aggregate_id: Uuid,
+        /// The version that should come next.
+        expected: i64,
+        /// The version found instead.
+        found: i64,
+    },
+}
+
+/// The `events` columns that make an envelope, in the order [`envelope_from_row`] reads them.
+#[macro_export]
+macro_rules! envelope_columns {
+    () => {
+        "event_id, event_type, event_version, aggregate_type, aggregate_id, aggregate_version, \
+         occurred_at, correlation_id, causation_id, payload"
+    };
+}
+
+/// Builds an envelope from a row selected with [`envelope_columns!`].
+pub fn envelope_from_row(row: &PgRow) -> sqlx::Result<EventEnvelope> {
+    Ok(EventEnvelope {
+        event_id: row.try_get("event_id")?,
+        event_type: row.try_get("event_type")?,
+        event_version: row.try_get("event_version")?,
+        aggregate_type: row.try_get("aggregate_type")?,
+        aggregate_id: row.try_get("aggregate_id")?,
+        aggregate_version: row.try_get("aggregate_version")?,
+        occurred_at: row.try_get("occurred_at")?,
+        correlation_id: row.try_get("correlation_id")?,
+        causation_id: row.try_get("causation_id")?,
+        payload: row.try_get("payload")?,
+    })
+}
+
+/// Every stored envelope of one aggregate, oldest first, as written (not upcast).
+pub async fn load_envelopes(
+    db: impl PgExecutor<'_>,
+    aggregate_id: Uuid,
+) -> sqlx::Result<Vec<EventEnvelope>> {
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        envelope_columns!(),
+        " FROM events WHERE aggregate_id = $1 ORDER BY aggregate_version"
+    ))
+    .bind(aggregate_id)
+    .fetch_all(db)
+    .await?;
+    rows.iter().map(envelope_from_row).collect()
+}
+
+/// Loads, upcasts and folds one order. An unknown id gives an order with status `new` and version 0.
+pub async fn load_order(
+    db: impl PgExecutor<'_>,
+    order_id: OrderId,
+    upcasters: &Upcasters,
+) -> Result<Order, LoadError> {
+    let envelopes = load_envelopes(db, order_id.as_uuid()).await?;
+    let mut events: Vec<OrderEvent> = Vec::with_capacity(envelopes.len());
+    for (index, envelope) in envelopes.iter().enumerate() {
+        let expected = index as i64 + 1;
+        if envelope.aggregate_version != expected {
+            return Err(LoadError::Gap {
+                aggregate_id: envelope.aggregate_id,
+                expected,
+                found: envelope.aggregate_version,
+            });
+        }
+        let event = envelope
+            .decode(upcasters)
+            .map_err(|source| LoadError::Undecodable {
+                event_id: envelope.event_id,
+                aggregate_id: envelope.aggregate_id,
+                aggregate_version: envelope.aggregate_version,
+                source,
+            })?;
+        events.push(event);
+    }
+    Ok(Order::fold(order_id, &events))
+}
