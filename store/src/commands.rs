@@ -50,7 +50,17 @@ pub enum CommandError {
     /// A domain rule refused the command; nothing was written.
     #[error(transparent)]
     Refused(#[from] OrderError),
-    /// The order changed under the caller (a stale `If-Match`, or a race lost too often).
+    /// The caller required a version (`If-Match`, `--expected-version`) the order is no longer at.
+    #[error("order {order_id} is at version {actual}, not the expected {expected}")]
+    StaleVersion {
+        /// The order.
+        order_id: OrderId,
+        /// The version the caller required.
+        expected: i64,
+        /// The version found.
+        actual: i64,
+    },
+    /// Concurrent writers kept winning the race; retrying later may succeed.
     #[error("order {order_id} is at version {actual}, not {expected}: it was changed concurrently")]
     Conflict {
         /// The order.

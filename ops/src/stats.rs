@@ -1,0 +1,74 @@
+//! Small measurement helpers for the benchmark programs: medians, percentiles and resident memory.
+
+/// The median of `values` (the upper one of an even count); NaN for none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The `q` quantile (0.0–1.0) of `sorted`, by nearest rank; 0 for none.
+pub fn quantile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((sorted.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+    sorted[rank]
+}
+
+/// p50, p99 and max of `values`.
+pub fn percentiles(mut values: Vec<u64>) -> Percentiles {
+    values.sort_unstable();
+    Percentiles {
+        p50: quantile(&values, 0.50),
+        p99: quantile(&values, 0.99),
+        max: quantile(&values, 1.0),
+        count: values.len(),
+    }
+}
+
+/// A latency summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// Largest.
+    pub max: u64,
+    /// How many samples.
+    pub count: usize,
+}
+
+/// Resident memory of process `pid` (or of this process for `None`) in KiB, from `/proc`; 0 elsewhere.
+pub fn resident_kib(pid: Option<u32>) -> u64 {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_owned(),
+    };
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_quantiles_pick_the_expected_ranks() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        let p = percentiles((1..=100).collect());
+        assert_eq!((p.p50, p.p99, p.max, p.count), (51, 99, 100, 100));
+        assert_eq!(percentiles(vec![]).p50, 0);
+    }
+
+    #[test]
+    fn this_process_has_resident_memory() {
+        assert!(resident_kib(None) > 0);
+    }
+}

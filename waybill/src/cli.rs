@@ -1,0 +1,178 @@
+//! The command-line grammar: every subcommand, flag and environment fallback of `waybill`.
+
+use clap::{Args, Parser, Subcommand};
+use domain::{Cents, Currency, CustomerId, Note, OrderId, OrderLine};
+use uuid::Uuid;
+
+/// Where the event store lives unless `--database-url` or `DATABASE_URL` says otherwise.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://127.0.0.1:5432/waybill";
+
+/// waybill: an event-sourced order service whose events leave PostgreSQL through a transactional outbox.
+///
+/// Commands write events and their outbox rows in one transaction; the relay (`waybill-relay`) publishes
+/// them to NATS JetStream. Exit codes: 0 success, 2 the input was refused (a domain rule or a bad
+/// argument; nothing was written), 1 anything else.
+#[derive(Debug, Parser)]
+#[command(
+    name = "waybill",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub struct Cli {
+    /// PostgreSQL URL of the event store.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = DEFAULT_DATABASE_URL,
+        global = true,
+        hide_env_values = true
+    )]
+    pub database_url: String,
+
+    /// Print machine-readable JSON on standard output (errors too) instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the database if it does not exist and apply every pending migration.
+    Migrate,
+    #[command(flatten)]
+    Order(OrderCommand),
+}
+
+/// The commands that read or change one order.
+#[derive(Debug, Subcommand)]
+pub enum OrderCommand {
+    /// Place a new order.
+    ///
+    /// Example: waybill place --customer alice --currency EUR --line MUG-BLUE:2:1250 --line TEA:1:500
+    Place(PlaceArgs),
+    /// Pay a placed order; the amount must equal the order total.
+    Pay(PayArgs),
+    /// Cancel a placed or paid order (cancelling a paid order is a refund).
+    Cancel(CancelArgs),
+    /// Ship a paid order.
+    Ship(ShipArgs),
+    /// Show an order as folded from its events.
+    Show(ShowArgs),
+}
+
+/// Options every state-changing command accepts.
+#[derive(Debug, Args)]
+pub struct WriteOptions {
+    /// A key that makes the command safe to retry: a repeat with the same key and the same request
+    /// returns the first result and writes nothing; the same key with a different request is refused.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+
+    /// Only apply the command if the order is at exactly this version (optimistic locking).
+    #[arg(long, value_name = "VERSION")]
+    pub expected_version: Option<i64>,
+
+    /// Correlation id to stamp on the events (a new one is started when absent).
+    #[arg(long, value_name = "UUID")]
+    pub correlation_id: Option<Uuid>,
+}
+
+/// `waybill place`.
+#[derive(Debug, Args)]
+pub struct PlaceArgs {
+    /// Who places the order: 1–64 characters from letters, digits, '-', '_', '.' and ':'.
+    #[arg(long, value_name = "CUSTOMER_ID", value_parser = CustomerId::parse)]
+    pub customer: CustomerId,
+
+    /// ISO 4217 currency code of the prices, e.g. EUR.
+    #[arg(long, value_parser = Currency::parse)]
+    pub currency: Currency,
+
+    /// An order line, repeatable: SKU (A-Z, 0-9, '-', '_'), quantity (1–1000000) and unit price in
+    /// cents (positive), e.g. --line MUG-BLUE:2:1250.
+    #[arg(long = "line", value_name = "SKU:QTY:UNIT_PRICE_CENTS", value_parser = OrderLine::parse)]
+    pub lines: Vec<OrderLine>,
+
+    /// Use this id for the new order instead of generating a UUID v7.
+    #[arg(long, value_name = "UUID", value_parser = OrderId::parse)]
+    pub order_id: Option<OrderId>,
+
+    #[command(flatten)]
+    pub write: WriteOptions,
+}
+
+/// `waybill pay`.
+#[derive(Debug, Args)]
+pub struct PayArgs {
+    /// The order to pay.
+    #[arg(value_parser = OrderId::parse)]
+    pub order_id: OrderId,
+
+    /// The amount in cents; must equal the order total.
+    #[arg(long, value_name = "CENTS", value_parser = Cents::parse, allow_hyphen_values = true)]
+    pub amount: Cents,
+
+    /// The payment provider's reference.
+    #[arg(long, value_name = "REF", value_parser = Note::parse)]
+    pub payment_ref: Option<Note>,
+
+    #[command(flatten)]
+    pub write: WriteOptions,
+}
+
+/// `waybill cancel`.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The order to cancel.
+    #[arg(value_parser = OrderId::parse)]
+    pub order_id: OrderId,
+
+    /// Why the order is cancelled (at most 200 characters).
+    #[arg(long, default_value = "no reason given", value_parser = Note::parse)]
+    pub reason: Note,
+
+    #[command(flatten)]
+    pub write: WriteOptions,
+}
+
+/// `waybill ship`.
+#[derive(Debug, Args)]
+pub struct ShipArgs {
+    /// The order to ship.
+    #[arg(value_parser = OrderId::parse)]
+    pub order_id: OrderId,
+
+    /// Who carries the parcel.
+    #[arg(long, value_parser = |s: &str| Note::required("carrier", s))]
+    pub carrier: Note,
+
+    /// The carrier's tracking number.
+    #[arg(long = "tracking", value_name = "TRACKING_NUMBER", value_parser = |s: &str| Note::required("tracking number", s))]
+    pub tracking_number: Note,
+
+    #[command(flatten)]
+    pub write: WriteOptions,
+}
+
+/// `waybill show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The order to show.
+    #[arg(value_parser = OrderId::parse)]
+    pub order_id: OrderId,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,40 @@
+//! `waybill migrate`: create the database when it is missing, then apply pending migrations.
+
+use anyhow::Context;
+use serde_json::json;
+
+use crate::failure::{Failure, redact};
+
+/// Runs the migration and prints what it did.
+pub async fn run(database_url: &str, json: bool) -> Result<(), Failure> {
+    let shown = redact(database_url);
+    let created = store::ensure_database(database_url)
+        .await
+        .with_context(|| format!("cannot create or open the database at {shown}"))?;
+    let pool = store::connect(database_url, "waybill-migrate", 1)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {shown}"))?;
+    let applied = store::migrate(&pool).await.context("applying migrations")?;
+    pool.close().await;
+    if json {
+        let applied: Vec<_> = applied
+            .iter()
+            .map(|(version, description)| json!({"version": version, "description": description}))
+            .collect();
+        println!(
+            "{}",
+            json!({"database": shown, "created": created, "applied": applied})
+        );
+    } else {
+        if created {
+            println!("created database {shown}");
+        }
+        for (version, description) in &applied {
+            println!("applied migration {version} {description}");
+        }
+        if applied.is_empty() {
+            println!("database {shown} is up to date");
+        }
+    }
+    Ok(())
+}
