@@ -92,7 +92,7 @@ impl CommandError {
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            Self::Refused(_) | Self::KeyReused(_) | Self::InvalidKey
+            Self::Refused(_) | Self::StaleVersion { .. } | Self::KeyReused(_) | Self::InvalidKey
         )
     }
 }
@@ -163,7 +163,7 @@ impl EventStore {
             if let Some(expected) = context.expected_version
                 && order.version != expected
             {
-                return Err(CommandError::Conflict {
+                return Err(CommandError::StaleVersion {
                     order_id,
                     expected,
                     actual: order.version,
@@ -216,7 +216,14 @@ impl EventStore {
                 Err(AppendError::VersionConflict {
                     expected, actual, ..
                 }) => {
-                    if context.expected_version.is_some() || attempt > CONFLICT_RETRIES {
+                    if context.expected_version.is_some() {
+                        return Err(CommandError::StaleVersion {
+                            order_id,
+                            expected,
+                            actual,
+                        });
+                    }
+                    if attempt > CONFLICT_RETRIES {
                         return Err(CommandError::Conflict {
                             order_id,
                             expected,

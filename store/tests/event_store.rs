@@ -427,13 +427,17 @@ async fn an_if_match_on_a_stale_version_is_a_conflict(pool: PgPool) {
     assert!(
         matches!(
             err,
-            CommandError::Conflict {
+            CommandError::StaleVersion {
                 expected: 0,
                 actual: 1,
                 ..
             }
         ),
         "{err}"
+    );
+    assert!(
+        err.is_refusal(),
+        "a failed precondition is the caller's to fix"
     );
     let fresh = CommandContext {
         expected_version: Some(1),
