@@ -1,8 +1,13 @@
-//! Process plumbing shared by every waybill binary: logging, shutdown signals and measurement helpers.
+//! Process plumbing shared by every waybill binary: logging, shutdown signals, the metrics and health
+//! endpoint, private broker instances, and measurement helpers for the benchmark programs.
 
+mod local_nats;
 mod logging;
 mod shutdown;
 pub mod stats;
+mod telemetry;
 
+pub use local_nats::{NatsServer, find_binary, free_port, unique_temp_dir};
 pub use logging::init_logging;
 pub use shutdown::shutdown_signal;
+pub use telemetry::{HealthCheck, install_metrics_recorder, serve, telemetry_routes};

@@ -1,0 +1,155 @@
+//! A private `nats-server` with JetStream on a free loopback port and its own store directory: each test
+//! gets an independent broker it can stop and restart, and the demo gets one when none is running.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// A running (or stopped, restartable) private nats-server. Killed and cleaned up on drop.
+#[derive(Debug)]
+pub struct NatsServer {
+    binary: PathBuf,
+    port: u16,
+    dir: PathBuf,
+    extra_args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    /// Starts a server on a free port with JetStream storing under a fresh temporary directory.
+    pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// Like [`NatsServer::start`], with extra command-line arguments (e.g. `--max_payload`).
+    pub fn start_with(extra_args: &[&str]) -> anyhow::Result<Self> {
+        let binary = find_binary("nats-server").context(
+            "nats-server is not installed; install the Debian package `nats-server` (or put the binary on PATH)",
+        )?;
+        let port = free_port()?;
+        let dir = unique_temp_dir("waybill-nats", port)?;
+        let mut server = Self {
+            binary,
+            port,
+            dir,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        server.resume()?;
+        Ok(server)
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The port it listens on (kept across restarts).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server abruptly (as a crash or an outage would); its store survives for [`resume`].
+    ///
+    /// [`resume`]: NatsServer::resume
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port with the same store, and waits until it is ready.
+    pub fn resume(&mut self) -> anyhow::Result<()> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        let log = self.dir.join("nats-server.log");
+        let _ = std::fs::remove_file(&log);
+        let child = Command::new(&self.binary)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js"])
+            .arg("-sd")
+            .arg(self.dir.join("jetstream"))
+            .arg("-l")
+            .arg(&log)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", self.binary.display()))?;
+        self.child = Some(child);
+        wait_until_ready(&log, self.port, Duration::from_secs(15))
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits for the port to accept connections and the log to say the server (JetStream included) is ready.
+fn wait_until_ready(log: &Path, port: u16, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    while Instant::now() < deadline {
+        let ready = std::fs::read_to_string(log).is_ok_and(|text| text.contains("Server is ready"));
+        if ready && TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tail = std::fs::read_to_string(log).unwrap_or_default();
+    bail!("nats-server on port {port} did not become ready in {timeout:?}; its log:\n{tail}")
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
+}
+
+/// Looks `name` up on PATH and in the sbin folders, where Debian installs server binaries.
+pub fn find_binary(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/local/sbin", "/usr/local/bin", "/usr/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// A new, empty directory under the system temp folder.
+pub fn unique_temp_dir(prefix: &str, salt: u16) -> anyhow::Result<PathBuf> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{salt}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_private_server_starts_stops_and_resumes_on_its_port() {
+        let mut server = NatsServer::start().expect("nats-server starts");
+        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, server.port()));
+        assert!(TcpStream::connect(address).is_ok());
+        server.stop();
+        assert!(
+            TcpStream::connect(address).is_err(),
+            "stopped server still accepts connections"
+        );
+        server.resume().expect("resumes");
+        assert!(TcpStream::connect(address).is_ok());
+    }
+}
