@@ -9,6 +9,7 @@ pub mod event;
 pub mod order;
 pub mod upcast;
 pub mod values;
+pub mod wire;
 
 pub use envelope::{DecodeError, EventEnvelope, EventMeta};
 pub use event::{

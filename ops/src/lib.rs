@@ -1,12 +1,14 @@
 //! Process plumbing shared by every waybill binary: logging, shutdown signals, the metrics and health
 //! endpoint, private broker instances, and measurement helpers for the benchmark programs.
 
+mod exit;
 mod local_nats;
 mod logging;
 mod shutdown;
 pub mod stats;
 mod telemetry;
 
+pub use exit::{Refused, report_failure};
 pub use local_nats::{NatsServer, find_binary, free_port, unique_temp_dir};
 pub use logging::init_logging;
 pub use shutdown::shutdown_signal;

@@ -31,11 +31,25 @@ pub fn connect_options(url: &str) -> sqlx::Result<PgConnectOptions> {
 
 /// Opens a pool on `url`, naming the connections after `application` in `pg_stat_activity`.
 pub async fn connect(url: &str, application: &str, max_connections: u32) -> sqlx::Result<PgPool> {
-    let options = connect_options(url)?
+    connect_with(url, application, max_connections, &[]).await
+}
+
+/// Like [`connect`], with session settings for every connection (e.g. the relay's
+/// `idle_in_transaction_session_timeout`).
+pub async fn connect_with(
+    url: &str,
+    application: &str,
+    max_connections: u32,
+    settings: &[(&str, String)],
+) -> sqlx::Result<PgPool> {
+    let mut options = connect_options(url)?
         .application_name(application)
         // A slow statement is worth a log line with its text; every statement would be noise.
         .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1))
         .log_statements(tracing::log::LevelFilter::Trace);
+    if !settings.is_empty() {
+        options = options.options(settings.iter().map(|(k, v)| (*k, v.as_str())));
+    }
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))

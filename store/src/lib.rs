@@ -12,7 +12,8 @@ mod notify;
 pub use append::{AppendError, AppendOptions, AppendResult, append};
 pub use commands::{CommandContext, CommandError, CommandOutcome, EventStore};
 pub use database::{
-    connect, connect_options, ensure_database, has_sqlstate, is_undefined_table, migrate,
+    connect, connect_options, connect_with, ensure_database, has_sqlstate, is_undefined_table,
+    migrate,
 };
 pub use load::{LoadError, envelope_from_row, load_envelopes, load_order};
 pub use notify::{OUTBOX_CHANNEL, OutboxNotifier, notify_now};

@@ -37,12 +37,36 @@ pub enum LoadError {
     },
 }
 
-/// The `events` columns that make an envelope, in the order [`envelope_from_row`] reads them.
+/// The `events` columns that make an envelope, in the order [`envelope_from_row`] reads them;
+/// `envelope_columns!("e.")` qualifies them with a table alias.
 #[macro_export]
 macro_rules! envelope_columns {
     () => {
-        "event_id, event_type, event_version, aggregate_type, aggregate_id, aggregate_version, \
-         occurred_at, correlation_id, causation_id, payload"
+        $crate::envelope_columns!("")
+    };
+    ($p:literal) => {
+        concat!(
+            $p,
+            "event_id, ",
+            $p,
+            "event_type, ",
+            $p,
+            "event_version, ",
+            $p,
+            "aggregate_type, ",
+            $p,
+            "aggregate_id, ",
+            $p,
+            "aggregate_version, ",
+            $p,
+            "occurred_at, ",
+            $p,
+            "correlation_id, ",
+            $p,
+            "causation_id, ",
+            $p,
+            "payload"
+        )
     };
 }
 

@@ -1,9 +1,7 @@
-//! How a run ends badly: the error, whether it was the caller's input (exit 2) or a fault (exit 1), and
-//! how it is reported — a line on standard error, or a JSON object on standard output with `--json`.
+//! How a run ends badly: the error, and whether it was the caller's input (exit 2) or a fault (exit 1).
 
 use std::process::ExitCode;
 
-use serde_json::json;
 use store::CommandError;
 
 /// An error that ends the program, classified for its exit code.
@@ -26,14 +24,7 @@ impl Failure {
 
     /// Reports the failure and returns the exit code.
     pub fn report(&self, json_output: bool) -> ExitCode {
-        let kind = if self.refused { "refused" } else { "failed" };
-        if json_output {
-            let body = json!({ "error": { "kind": kind, "message": format!("{:#}", self.error) } });
-            println!("{body}");
-        } else {
-            eprintln!("error: {:#}", self.error);
-        }
-        ExitCode::from(if self.refused { 2 } else { 1 })
+        ops::report_failure(&self.error, self.refused, json_output)
     }
 }
 

@@ -1,0 +1,25 @@
+//! How a command-line run ends badly: a line on standard error (or a JSON object on standard output
+//! with `--json`) and the exit code every waybill binary uses — 2 when the input was refused, 1 for
+//! anything else.
+
+use std::process::ExitCode;
+
+/// Marks an error as the caller's input being refused (exit code 2): nothing was changed, and repeating
+/// the same input will not help.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// Reports `error` and returns its exit code: 2 if `refused` or anything in its chain is [`Refused`].
+pub fn report_failure(error: &anyhow::Error, refused: bool, json_output: bool) -> ExitCode {
+    let refused = refused || error.chain().any(|cause| cause.is::<Refused>());
+    let kind = if refused { "refused" } else { "failed" };
+    if json_output {
+        let body =
+            serde_json::json!({ "error": { "kind": kind, "message": format!("{error:#}") } });
+        println!("{body}");
+    } else {
+        eprintln!("error: {error:#}");
+    }
+    ExitCode::from(if refused { 2 } else { 1 })
+}

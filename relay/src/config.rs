@@ -1,0 +1,81 @@
+//! Everything a relay instance is configured with, and the defaults an operator can rely on.
+
+use std::time::Duration;
+
+use crate::backoff::Backoff;
+
+/// The JetStream stream the relay publishes into.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamSettings {
+    /// Stream name (`WAYBILL_STREAM`).
+    pub name: String,
+    /// Subject prefix (`WAYBILL_SUBJECT_PREFIX`); the stream captures `<prefix>.>`.
+    pub subject_prefix: String,
+    /// How long JetStream remembers a `Nats-Msg-Id` (see ARCHITECTURE.md for how it is sized).
+    pub duplicate_window: Duration,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        Self {
+            name: domain::wire::DEFAULT_STREAM.to_owned(),
+            subject_prefix: domain::wire::DEFAULT_SUBJECT_PREFIX.to_owned(),
+            duplicate_window: Duration::from_secs(120),
+        }
+    }
+}
+
+/// One relay instance's settings.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Recorded in `claimed_by`; defaults to `relay-<host>-<pid>`. Never used for fencing.
+    pub relay_id: String,
+    /// Where to publish.
+    pub stream: StreamSettings,
+    /// Aggregate heads claimed per step.
+    pub batch_size: i64,
+    /// Rows claimed per step at most, heads plus their following versions.
+    pub max_rows: i64,
+    /// Publishes awaiting their PubAck at once.
+    pub max_in_flight: usize,
+    /// Failed publishes before a row is dead.
+    pub max_attempts: i32,
+    /// Delays between attempts.
+    pub backoff: Backoff,
+    /// How long to wait for one PubAck.
+    pub publish_timeout: Duration,
+    /// Publishing in one step stops starting new messages after this long; the rest stay pending.
+    pub step_deadline: Duration,
+    /// How often to look for due rows when no notification arrives.
+    pub poll_interval: Duration,
+    /// PostgreSQL ends a claim transaction left idle this long (a hung relay), releasing its rows.
+    pub claim_idle_timeout: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            relay_id: default_relay_id(),
+            stream: StreamSettings::default(),
+            batch_size: 1000,
+            max_rows: 4000,
+            max_in_flight: 4096,
+            max_attempts: 12,
+            backoff: Backoff::default(),
+            publish_timeout: Duration::from_secs(5),
+            step_deadline: Duration::from_secs(20),
+            poll_interval: Duration::from_secs(1),
+            claim_idle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `relay-<hostname>-<pid>`: tells instances apart in `claimed_by` and in logs.
+pub fn default_relay_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("relay-{host}-{}", std::process::id())
+}

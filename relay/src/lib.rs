@@ -1,0 +1,23 @@
+//! The outbox relay: claims outbox rows, publishes them to NATS JetStream with `Nats-Msg-Id = event_id`
+//! in per-aggregate order, and settles them as sent, failed (with backoff) or dead.
+//!
+//! A claim is a set of row locks held by one short transaction that claims, publishes and settles
+//! (ARCHITECTURE.md explains the choice). [`Relay::step`] is one such transaction; [`Relay::run`] loops.
+
+pub mod admin;
+pub mod backoff;
+pub mod claim;
+pub mod cli;
+pub mod config;
+pub mod metrics;
+pub mod publish;
+mod run;
+pub mod settle;
+pub mod step;
+pub mod stream;
+
+pub use backoff::Backoff;
+pub use config::{RelayConfig, StreamSettings};
+pub use run::{Relay, RunSummary};
+pub use step::{FailPoint, StepError, StepReport};
+pub use stream::{ProvisionError, ensure_stream};

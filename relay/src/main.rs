@@ -1,0 +1,265 @@
+//! `waybill-relay`: moves outbox rows to NATS JetStream, and the operator commands over the outbox.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use relay::cli::{OutboxCommand, run_outbox};
+use relay::{Backoff, FailPoint, Relay, RelayConfig, StreamSettings};
+
+/// waybill-relay: publishes the transactional outbox to NATS JetStream.
+///
+/// Each step claims a batch of outbox rows by locking them (FOR UPDATE SKIP LOCKED) in one short
+/// transaction, publishes them with Nats-Msg-Id = event id (an aggregate's next version only after the
+/// previous one's PubAck), and marks them sent, failed (retried with backoff) or dead in the same
+/// transaction. Run as many instances as you like. Exit codes: 0 success, 2 refused input, 1 failure.
+#[derive(Debug, Parser)]
+#[command(name = "waybill-relay", version, max_term_width = 100)]
+struct Cli {
+    #[command(flatten)]
+    connection: Connection,
+
+    /// Print machine-readable JSON on standard output.
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Args)]
+struct Connection {
+    /// PostgreSQL URL of the event store.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://127.0.0.1:5432/waybill",
+        global = true,
+        hide_env_values = true
+    )]
+    database_url: String,
+
+    /// NATS server URL.
+    #[arg(
+        long,
+        env = "NATS_URL",
+        default_value = "nats://127.0.0.1:4222",
+        global = true
+    )]
+    nats_url: String,
+
+    /// JetStream stream to publish into.
+    #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM, global = true)]
+    stream: String,
+
+    /// Subject prefix: events go to <prefix>.<event type>.<aggregate id>.
+    #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX, global = true)]
+    subject_prefix: String,
+
+    /// JetStream's dedupe window for Nats-Msg-Id (sized in ARCHITECTURE.md: longer than a crashed
+    /// relay's rows take to be re-claimed, short enough for the server memory it costs).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration, global = true)]
+    duplicate_window: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Relay until SIGTERM/Ctrl-C (or, with --once, until nothing is claimable).
+    Run(RunArgs),
+    /// Create the stream, or verify that the existing one has the settings the relay needs.
+    Provision {
+        /// Change an existing stream's settings to the ones needed instead of refusing.
+        #[arg(long)]
+        update: bool,
+    },
+    #[command(flatten)]
+    Outbox(OutboxCommand),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Drain what is claimable now, print a summary and exit 0.
+    #[arg(long)]
+    once: bool,
+
+    /// Serve Prometheus metrics at /metrics and a health check at /health on this address.
+    #[arg(long, env = "WAYBILL_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+
+    /// This instance's name in `claimed_by` and logs (default relay-<host>-<pid>).
+    #[arg(long)]
+    relay_id: Option<String>,
+
+    /// Aggregate heads claimed per step.
+    #[arg(long, default_value_t = 1000)]
+    batch_size: i64,
+
+    /// Rows claimed per step at most, heads plus their following versions.
+    #[arg(long, default_value_t = 4000)]
+    max_rows: i64,
+
+    /// Publishes awaiting their PubAck at once.
+    #[arg(long, default_value_t = 4096)]
+    max_in_flight: usize,
+
+    /// Failed publishes before a row is dead.
+    #[arg(long, default_value_t = 12)]
+    max_attempts: i32,
+
+    /// Retry delays (the last one repeats); ±20 % jitter is added.
+    #[arg(long, default_value = "1s,5s,30s,2m,10m", value_parser = Backoff::parse_schedule)]
+    backoff: std::vec::Vec<Duration>,
+
+    /// How long to wait for a PubAck.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    publish_timeout: Duration,
+
+    /// How often to look for due rows when no notification arrives.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    poll_interval: Duration,
+
+    /// PostgreSQL ends a claim transaction idle this long (a hung relay), releasing its rows.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    claim_idle_timeout: Duration,
+
+    /// Do not create or verify the stream at start.
+    #[arg(long)]
+    no_provision: bool,
+
+    /// Testing only: abort the process after the PubAcks, before marking anything sent.
+    #[arg(long, hide = true)]
+    crash_after_publish: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    ops::init_logging("info,sqlx=warn,async_nats=warn");
+    let cli = Cli::parse();
+    let json = cli.json;
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => ops::report_failure(&error, false, json),
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let stream = StreamSettings {
+        name: cli.connection.stream.clone(),
+        subject_prefix: cli.connection.subject_prefix.clone(),
+        duplicate_window: cli.connection.duplicate_window,
+    };
+    match cli.command {
+        Command::Run(args) => relay_run(&cli.connection, stream, args, cli.json).await,
+        Command::Provision { update } => {
+            let relay = Relay::connect(
+                &cli.connection.database_url,
+                &cli.connection.nats_url,
+                RelayConfig {
+                    stream,
+                    ..RelayConfig::default()
+                },
+            )
+            .await?;
+            let info = relay.provision(update).await?;
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"stream": info.config.name, "subjects": info.config.subjects, "duplicate_window_s": info.config.duplicate_window.as_secs_f64(), "messages": info.state.messages})
+                );
+            } else {
+                println!(
+                    "stream {} ready: subjects {:?}, duplicate window {}, {} messages",
+                    info.config.name,
+                    info.config.subjects,
+                    humantime::format_duration(info.config.duplicate_window),
+                    info.state.messages
+                );
+            }
+            Ok(())
+        }
+        Command::Outbox(command) => {
+            let pool = store::connect(&cli.connection.database_url, "waybill-relay-admin", 2)
+                .await
+                .context("connecting to PostgreSQL")?;
+            run_outbox(&pool, command, cli.json).await
+        }
+    }
+}
+
+async fn relay_run(
+    connection: &Connection,
+    stream: StreamSettings,
+    args: RunArgs,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut config = RelayConfig {
+        stream,
+        batch_size: args.batch_size.max(1),
+        max_rows: args.max_rows.max(args.batch_size),
+        max_in_flight: args.max_in_flight.max(1),
+        max_attempts: args.max_attempts.max(1),
+        backoff: Backoff::new(args.backoff, 0.2),
+        publish_timeout: args.publish_timeout,
+        poll_interval: args.poll_interval,
+        claim_idle_timeout: args.claim_idle_timeout,
+        ..RelayConfig::default()
+    };
+    if let Some(id) = args.relay_id {
+        config.relay_id = id;
+    }
+    let mut relay = Relay::connect(&connection.database_url, &connection.nats_url, config).await?;
+    if args.crash_after_publish {
+        relay = relay.with_fail_point(FailPoint::AbortProcessAfterPublish);
+    }
+    if !args.no_provision {
+        relay.provision(false).await?;
+    }
+    if let Some(listen) = args.metrics_listen {
+        let metrics = ops::install_metrics_recorder()?;
+        relay::metrics::describe();
+        let health_relay = relay.clone();
+        let health: ops::HealthCheck = Arc::new(move || {
+            let relay = health_relay.clone();
+            Box::pin(async move { relay.health().await })
+        });
+        let bound = ops::serve(
+            listen,
+            ops::telemetry_routes(metrics, health),
+            ops::shutdown_signal(),
+        )
+        .await?;
+        tracing::info!(%bound, "metrics at http://{bound}/metrics");
+    }
+    tracing::info!(relay_id = %relay.config().relay_id, stream = %relay.config().stream.name, once = args.once, "relay starting");
+    let summary = if args.once {
+        relay.drain().await.context("relay step failed")?
+    } else {
+        relay.run(ops::shutdown_signal()).await
+    };
+    if args.once {
+        let status = relay::admin::status(relay.pool(), false).await?;
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"summary": summary, "outbox": status})
+            );
+        } else {
+            println!(
+                "claimed={} published={} duplicates={} marked_sent={} failed={} dead={} | still pending={} failed={} dead={}",
+                summary.claimed,
+                summary.published,
+                summary.duplicates,
+                summary.marked_sent,
+                summary.failed,
+                summary.dead,
+                status.pending,
+                status.failed,
+                status.dead
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! The relay's metrics, by name. Counters and the latency histograms are recorded as work happens; the
+//! outbox gauges are refreshed from the database by [`crate::run`] every few seconds.
+
+use std::time::Duration;
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+
+use crate::admin::OutboxStatus;
+use crate::step::StepReport;
+
+/// Registers descriptions, so a scrape explains every series.
+pub fn describe() {
+    describe_counter!(
+        "waybill_relay_published_total",
+        "Outbox rows published and acknowledged by JetStream."
+    );
+    describe_counter!(
+        "waybill_relay_duplicate_acks_total",
+        "PubAcks with duplicate=true: JetStream already held the event (counted as success)."
+    );
+    describe_counter!(
+        "waybill_relay_retries_total",
+        "Failed publishes that were scheduled for a retry."
+    );
+    describe_counter!(
+        "waybill_relay_dead_total",
+        "Rows that reached the attempt limit and are now dead."
+    );
+    describe_counter!(
+        "waybill_relay_republished_outside_window_total",
+        "Events published again more than the dedupe window after a publish that may have reached the stream: consumers may see them twice."
+    );
+    describe_counter!("waybill_relay_claimed_total", "Outbox rows claimed.");
+    describe_counter!(
+        "waybill_relay_lost_claims_total",
+        "Steps whose settle failed because the claim was lost (session ended); they marked nothing."
+    );
+    describe_histogram!(
+        "waybill_relay_publish_latency_seconds",
+        Unit::Seconds,
+        "From publish to PubAck."
+    );
+    describe_histogram!(
+        "waybill_relay_commit_to_ack_seconds",
+        Unit::Seconds,
+        "From the event's commit to its PubAck."
+    );
+    describe_gauge!(
+        "waybill_outbox_pending",
+        "Outbox rows waiting for a first publish."
+    );
+    describe_gauge!("waybill_outbox_failed", "Outbox rows waiting for a retry.");
+    describe_gauge!(
+        "waybill_outbox_dead",
+        "Outbox rows that gave up; see `waybill-relay dead list`."
+    );
+    describe_gauge!(
+        "waybill_outbox_oldest_pending_age_seconds",
+        "Age of the oldest unsent (pending or failed) row."
+    );
+    describe_gauge!(
+        "waybill_outbox_aggregates_held_back",
+        "Aggregates whose next event waits behind a failed or dead one."
+    );
+}
+
+/// Counts what one step did.
+pub fn record_step(report: &StepReport) {
+    counter!("waybill_relay_claimed_total").increment(report.claimed as u64);
+    counter!("waybill_relay_published_total").increment(report.published as u64);
+    counter!("waybill_relay_duplicate_acks_total").increment(report.duplicates as u64);
+    counter!("waybill_relay_retries_total").increment(report.failed as u64);
+    counter!("waybill_relay_dead_total").increment(report.dead as u64);
+    counter!("waybill_relay_republished_outside_window_total")
+        .increment(report.republished_outside_window as u64);
+}
+
+/// Records one PubAck's latencies.
+pub fn record_ack(publish_latency: Duration, commit_to_ack: Duration) {
+    histogram!("waybill_relay_publish_latency_seconds").record(publish_latency.as_secs_f64());
+    histogram!("waybill_relay_commit_to_ack_seconds").record(commit_to_ack.as_secs_f64());
+}
+
+/// A step whose settle could not be written.
+pub fn record_lost_claim() {
+    counter!("waybill_relay_lost_claims_total").increment(1);
+}
+
+/// Publishes the outbox gauges.
+pub fn record_status(status: &OutboxStatus) {
+    gauge!("waybill_outbox_pending").set(status.pending as f64);
+    gauge!("waybill_outbox_failed").set(status.failed as f64);
+    gauge!("waybill_outbox_dead").set(status.dead as f64);
+    gauge!("waybill_outbox_oldest_pending_age_seconds")
+        .set(status.oldest_pending_age_seconds.unwrap_or(0.0));
+    gauge!("waybill_outbox_aggregates_held_back").set(status.aggregates_held_back as f64);
+}

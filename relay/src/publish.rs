@@ -1,0 +1,147 @@
+//! Publishing claimed runs to JetStream: every aggregate's run is a chain — a version is published only
+//! after the previous version's PubAck — and all chains run at once, so thousands of PubAcks are in
+//! flight while each aggregate stays in order.
+//!
+//! Pipelining an aggregate's versions without waiting put versions out of order whenever a publish
+//! failed (measured: 768 per 100k at 1 % failures), hence the chains.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self};
+use bytes::Bytes;
+use domain::wire;
+use futures::StreamExt;
+
+use crate::claim::ClaimedRow;
+
+/// What happened to one claimed row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// JetStream holds it: stored now, or already (a duplicate within the window).
+    Sent {
+        /// The stream sequence from the PubAck.
+        sequence: u64,
+        /// JetStream recognised the `Nats-Msg-Id` and did not store it again.
+        duplicate: bool,
+        /// From publish to PubAck.
+        latency: Duration,
+    },
+    /// The publish failed.
+    Failed {
+        /// Why, for `last_error` and `dead_reason`.
+        error: String,
+        /// The message may have been stored anyway (the ack timed out or the connection broke).
+        ambiguous: bool,
+    },
+    /// Not published in this step: an earlier version failed, or the relay is stopping.
+    NotAttempted,
+}
+
+/// Publishes every run; returns one outcome per row, in the same shape as `runs`.
+pub async fn publish_runs(
+    jetstream: &jetstream::Context,
+    subject_prefix: &str,
+    runs: &[Vec<ClaimedRow>],
+    max_in_flight: usize,
+    deadline: Instant,
+    stopping: &Arc<AtomicBool>,
+) -> Vec<Vec<Outcome>> {
+    let chains = runs.iter().enumerate().map(|(index, run)| async move {
+        let mut outcomes = Vec::with_capacity(run.len());
+        for row in run {
+            if stopping.load(Ordering::Relaxed) || Instant::now() >= deadline {
+                break;
+            }
+            let outcome = publish_one(jetstream, subject_prefix, row).await;
+            let failed = matches!(outcome, Outcome::Failed { .. });
+            outcomes.push(outcome);
+            if failed {
+                break;
+            }
+        }
+        outcomes.resize(run.len(), Outcome::NotAttempted);
+        (index, outcomes)
+    });
+    let mut results = vec![Vec::new(); runs.len()];
+    let mut done = futures::stream::iter(chains).buffer_unordered(max_in_flight.max(1));
+    while let Some((index, outcomes)) = done.next().await {
+        results[index] = outcomes;
+    }
+    results
+}
+
+async fn publish_one(jetstream: &jetstream::Context, prefix: &str, row: &ClaimedRow) -> Outcome {
+    let envelope = &row.envelope;
+    let subject = match wire::subject(prefix, envelope) {
+        Ok(subject) => subject,
+        Err(error) => {
+            return Outcome::Failed {
+                error,
+                ambiguous: false,
+            };
+        }
+    };
+    let message = PublishMessage::build()
+        .payload(Bytes::from(envelope.to_json()))
+        .headers(headers(row));
+    let started = Instant::now();
+    let ack = match jetstream.send_publish(subject, message).await {
+        Ok(ack) => ack,
+        Err(error) => {
+            return Outcome::Failed {
+                ambiguous: ambiguous(error.kind()),
+                error: format!("publish: {error}"),
+            };
+        }
+    };
+    match ack.await {
+        Ok(ack) => Outcome::Sent {
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+            latency: started.elapsed(),
+        },
+        Err(error) => Outcome::Failed {
+            ambiguous: ambiguous(error.kind()),
+            error: format!("pub ack: {error}"),
+        },
+    }
+}
+
+/// The routing facts as headers, so consumers can route without parsing the body.
+fn headers(row: &ClaimedRow) -> HeaderMap {
+    let envelope = &row.envelope;
+    let mut headers = HeaderMap::new();
+    headers.insert(wire::MSG_ID, envelope.event_id.to_string().as_str());
+    headers.insert(wire::EVENT_TYPE, envelope.event_type.as_str());
+    headers.insert(
+        wire::EVENT_VERSION,
+        envelope.event_version.to_string().as_str(),
+    );
+    headers.insert(wire::AGGREGATE_TYPE, envelope.aggregate_type.as_str());
+    headers.insert(
+        wire::AGGREGATE_ID,
+        envelope.aggregate_id.to_string().as_str(),
+    );
+    headers.insert(
+        wire::AGGREGATE_VERSION,
+        envelope.aggregate_version.to_string().as_str(),
+    );
+    headers.insert(wire::CONTENT_TYPE, "application/json");
+    if let Some(traceparent) = &row.traceparent {
+        headers.insert(wire::TRACEPARENT, traceparent.as_str());
+    }
+    headers
+}
+
+/// Whether a failure of this kind may still have stored the message.
+fn ambiguous(kind: PublishErrorKind) -> bool {
+    matches!(
+        kind,
+        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
+    )
+}

@@ -1,0 +1,351 @@
+//! The relay handle and its loop: step while there is work, sleep when idle until a notification or the
+//! polling backstop, stop gracefully when asked.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_nats::connection::State;
+use async_nats::jetstream;
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::Notify;
+
+use crate::admin;
+use crate::config::RelayConfig;
+use crate::metrics;
+use crate::step::{FailPoint, StepError, StepReport, step};
+use crate::stream::{ProvisionError, ensure_stream};
+
+/// A relay instance: a database pool, a NATS connection and its settings.
+#[derive(Debug, Clone)]
+pub struct Relay {
+    pool: PgPool,
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    config: RelayConfig,
+    stopping: Arc<AtomicBool>,
+    fail_point: FailPoint,
+}
+
+/// Totals over a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RunSummary {
+    /// Steps that claimed something.
+    pub steps: u64,
+    /// Rows claimed.
+    pub claimed: u64,
+    /// Rows acknowledged by JetStream.
+    pub published: u64,
+    /// Of those, duplicates.
+    pub duplicates: u64,
+    /// Failed publishes scheduled for retry.
+    pub failed: u64,
+    /// Rows that went dead.
+    pub dead: u64,
+    /// Rows marked sent.
+    pub marked_sent: u64,
+    /// Republished outside the dedupe window.
+    pub republished_outside_window: u64,
+    /// Steps that failed (claim or settle).
+    pub step_errors: u64,
+}
+
+impl RunSummary {
+    fn add(&mut self, r: &StepReport) {
+        self.steps += u64::from(r.claimed > 0);
+        self.claimed += r.claimed as u64;
+        self.published += r.published as u64;
+        self.duplicates += r.duplicates as u64;
+        self.failed += r.failed as u64;
+        self.dead += r.dead as u64;
+        self.marked_sent += r.marked_sent as u64;
+        self.republished_outside_window += r.republished_outside_window as u64;
+    }
+}
+
+impl Relay {
+    /// Connects to PostgreSQL and NATS. Claim transactions left idle longer than
+    /// `config.claim_idle_timeout` are ended by PostgreSQL, which releases a hung relay's rows.
+    pub async fn connect(
+        database_url: &str,
+        nats_url: &str,
+        config: RelayConfig,
+    ) -> anyhow::Result<Self> {
+        let idle = format!("{}ms", config.claim_idle_timeout.as_millis());
+        let pool = store::connect_with(
+            database_url,
+            &config.relay_id,
+            4,
+            &[("idle_in_transaction_session_timeout", idle)],
+        )
+        .await
+        .context("connecting to PostgreSQL")?;
+        let client = async_nats::ConnectOptions::new()
+            .name(&config.relay_id)
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(5))
+            .connect(nats_url)
+            .await
+            .with_context(|| format!("connecting to NATS at {nats_url}"))?;
+        Ok(Self::new(pool, client, config))
+    }
+
+    /// A relay over existing connections.
+    pub fn new(pool: PgPool, client: async_nats::Client, config: RelayConfig) -> Self {
+        let jetstream = jetstream::context::ContextBuilder::new()
+            .timeout(config.publish_timeout)
+            .max_ack_inflight(config.max_in_flight.max(1))
+            .backpressure_on_inflight(true)
+            .build(client.clone());
+        Self {
+            pool,
+            client,
+            jetstream,
+            config,
+            stopping: Arc::new(AtomicBool::new(false)),
+            fail_point: FailPoint::None,
+        }
+    }
+
+    /// Stops every step at `fail_point` (to reproduce the crash window).
+    pub fn with_fail_point(mut self, fail_point: FailPoint) -> Self {
+        self.fail_point = fail_point;
+        self
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
+    }
+
+    /// The database pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The NATS client.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The JetStream context it publishes through.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.jetstream
+    }
+
+    /// Creates or verifies the stream (see [`ensure_stream`]).
+    pub async fn provision(&self, update: bool) -> Result<jetstream::stream::Info, ProvisionError> {
+        ensure_stream(&self.jetstream, &self.config.stream, update).await
+    }
+
+    /// One claim–publish–settle step.
+    pub async fn step(&self) -> Result<StepReport, StepError> {
+        step(
+            &self.pool,
+            &self.jetstream,
+            &self.config,
+            &self.stopping,
+            &self.fail_point,
+        )
+        .await
+    }
+
+    /// Steps until nothing is claimable, then returns (`run --once`).
+    pub async fn drain(&self) -> Result<RunSummary, StepError> {
+        let mut summary = RunSummary::default();
+        loop {
+            let report = self.step().await?;
+            summary.add(&report);
+            if report.claimed == 0 || report.simulated_crash {
+                return Ok(summary);
+            }
+        }
+    }
+
+    /// Runs until `shutdown` resolves: steps without pause while batches come back full, otherwise
+    /// waits for a notification from a writer or the polling backstop. On shutdown no new claim is
+    /// made, the step in flight stops starting publishes, settles what was acknowledged and commits;
+    /// its unpublished rows go back with the released locks.
+    pub async fn run(&self, shutdown: impl Future<Output = ()> + Send + 'static) -> RunSummary {
+        metrics::describe();
+        let wake = Arc::new(Notify::new());
+        let stopper = {
+            let (stopping, wake) = (self.stopping.clone(), wake.clone());
+            tokio::spawn(async move {
+                shutdown.await;
+                stopping.store(true, Ordering::Relaxed);
+                wake.notify_one();
+            })
+        };
+        let listener = tokio::spawn(listen(self.pool.clone(), wake.clone()));
+        let gauges = tokio::spawn(refresh_gauges(self.pool.clone()));
+
+        let mut summary = RunSummary::default();
+        let mut progress = Progress::new();
+        let mut errors_in_a_row = 0u32;
+        let mut nats_down_since: Option<Instant> = None;
+        while !self.stopping.load(Ordering::Relaxed) {
+            // While NATS is unreachable nothing is claimed: publishing would only burn attempts.
+            if self.client.connection_state() != State::Connected {
+                if nats_down_since.is_none() {
+                    tracing::warn!("NATS is disconnected; not claiming until it is back");
+                    nats_down_since = Some(Instant::now());
+                }
+                self.idle(&wake, self.config.poll_interval).await;
+                continue;
+            }
+            if let Some(since) = nats_down_since.take() {
+                tracing::info!(after = ?since.elapsed(), "NATS is back; resuming");
+            }
+            let pause = match self.step().await {
+                Ok(report) => {
+                    errors_in_a_row = 0;
+                    summary.add(&report);
+                    if report.claimed > 0 {
+                        tracing::debug!(?report, "step");
+                    }
+                    progress.tick(&summary);
+                    if report.was_full(&self.config) {
+                        continue;
+                    }
+                    self.config.poll_interval
+                }
+                Err(error) => {
+                    summary.step_errors += 1;
+                    errors_in_a_row += 1;
+                    if let StepError::Settle(_, report) = &error {
+                        summary.add(&StepReport {
+                            marked_sent: 0,
+                            ..(**report).clone()
+                        });
+                    }
+                    tracing::error!(error = %error_chain(&error), "relay step failed");
+                    // Back off on repeated errors (database down), up to 30 s.
+                    (self.config.poll_interval * 2u32.saturating_pow(errors_in_a_row.min(5)))
+                        .min(Duration::from_secs(30))
+                }
+            };
+            self.idle(&wake, pause).await;
+        }
+        listener.abort();
+        gauges.abort();
+        stopper.abort();
+        tracing::info!(?summary, "relay stopped");
+        summary
+    }
+
+    async fn idle(&self, wake: &Notify, pause: Duration) {
+        if self.stopping.load(Ordering::Relaxed) {
+            return;
+        }
+        let _ = tokio::time::timeout(pause, wake.notified()).await;
+    }
+
+    /// True when the database answers and NATS is connected.
+    pub async fn health(&self) -> (bool, serde_json::Value) {
+        let database = sqlx::query("SELECT 1").execute(&self.pool).await.is_ok();
+        let nats = self.client.connection_state() == State::Connected;
+        (
+            database && nats,
+            serde_json::json!({"database": database, "nats": nats, "relay_id": self.config.relay_id}),
+        )
+    }
+}
+
+/// Wakes the loop on every outbox notification; on a lost connection, wakes it too (notifications
+/// may have been missed) and reconnects.
+async fn listen(pool: PgPool, wake: Arc<Notify>) {
+    loop {
+        match PgListener::connect_with(&pool).await {
+            Ok(mut listener) => {
+                if let Err(error) = listener.listen(store::OUTBOX_CHANNEL).await {
+                    tracing::warn!(%error, "LISTEN failed; relying on polling");
+                } else {
+                    loop {
+                        match listener.try_recv().await {
+                            Ok(Some(_)) => wake.notify_one(),
+                            Ok(None) => {
+                                tracing::debug!("notification connection lost; reconnecting");
+                                wake.notify_one();
+                            }
+                            Err(error) => {
+                                tracing::warn!(%error, "notification listener failed; relying on polling");
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot open the notification listener; relying on polling")
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Refreshes the outbox gauges every 5 s and prunes the journal every minute.
+async fn refresh_gauges(pool: PgPool) {
+    let mut ticks = 0u64;
+    loop {
+        match admin::status(&pool, false).await {
+            Ok(status) => metrics::record_status(&status),
+            Err(error) => tracing::debug!(%error, "cannot read the outbox status"),
+        }
+        if ticks % 12 == 0
+            && let Err(error) = admin::prune_journal(&pool).await
+        {
+            tracing::debug!(%error, "cannot prune the publish journal");
+        }
+        ticks += 1;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// An info line every 10 s while the relay is moving rows: totals and the recent rate.
+struct Progress {
+    last: Instant,
+    published_at_last: u64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            last: Instant::now(),
+            published_at_last: 0,
+        }
+    }
+
+    fn tick(&mut self, summary: &RunSummary) {
+        let elapsed = self.last.elapsed();
+        if elapsed < Duration::from_secs(10) || summary.published == self.published_at_last {
+            return;
+        }
+        let rate = (summary.published - self.published_at_last) as f64 / elapsed.as_secs_f64();
+        tracing::info!(
+            published = summary.published,
+            duplicates = summary.duplicates,
+            failed = summary.failed,
+            dead = summary.dead,
+            rate_per_s = rate.round(),
+            "relaying"
+        );
+        self.last = Instant::now();
+        self.published_at_last = summary.published;
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,125 @@
+//! Settling a step: mark rows sent, failed (with backoff) or dead, hold back the versions behind a
+//! failure, and close the step's journal record — one statement, inside the claim's transaction.
+//!
+//! The transaction still holds the claim's row locks, so the marks are fenced: a relay whose session was
+//! ended (by a crash, a timeout or `pg_terminate_backend`) cannot mark anything, and rows it lost are
+//! already someone else's.
+
+use std::time::Duration;
+
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+/// The marks of one step, column by column (ready for `UNNEST`).
+#[derive(Debug, Default)]
+pub struct Settlement {
+    /// Rows JetStream acknowledged, with their stream sequences.
+    pub sent: Vec<(i64, i64)>,
+    /// Rows whose publish failed: id, new status (`failed` or `dead`), retry delay, error.
+    pub failed: Vec<(i64, &'static str, f64, String)>,
+    /// Later versions behind a failed row: id and the delay of the row they wait for (`None`: its head
+    /// is dead, they wait until it is replayed).
+    pub held: Vec<(i64, Option<f64>)>,
+    /// Events whose publish outcome is unknown: they stay in the journal.
+    pub ambiguous: Vec<Uuid>,
+}
+
+/// What the settle statement changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// Rows marked sent.
+    pub sent: i64,
+    /// Rows marked failed or dead.
+    pub failed: i64,
+    /// Rows held back.
+    pub held: i64,
+}
+
+impl Settlement {
+    /// Records a failure, deciding between `failed` and `dead`.
+    pub fn fail(
+        &mut self,
+        id: i64,
+        failures: i32,
+        max_attempts: i32,
+        delay: Duration,
+        error: String,
+    ) -> bool {
+        let dead = failures >= max_attempts;
+        self.failed.push((
+            id,
+            if dead { "dead" } else { "failed" },
+            delay.as_secs_f64(),
+            error,
+        ));
+        dead
+    }
+}
+
+/// Writes `settlement` in the claim's transaction.
+pub async fn settle(
+    tx: &mut PgConnection,
+    settlement: &Settlement,
+    relay_id: &str,
+    claimed_at: chrono::DateTime<chrono::Utc>,
+    claim_id: Uuid,
+) -> sqlx::Result<Settled> {
+    let row = sqlx::query(
+        "WITH sent AS (
+            UPDATE outbox o
+            SET status = 'sent', sent_at = now(), stream_seq = u.seq, attempts = o.attempts + 1,
+                last_error = NULL, claimed_by = $9, claimed_at = $10
+            FROM UNNEST($1::int8[], $2::int8[]) AS u(id, seq)
+            WHERE o.id = u.id
+            RETURNING 1
+        ),
+        failed AS (
+            UPDATE outbox o
+            SET status = u.status, attempts = o.attempts + 1,
+                next_run_at = now() + u.delay * interval '1 second',
+                last_error = u.error,
+                dead_at = CASE WHEN u.status = 'dead' THEN now() END,
+                dead_reason = CASE WHEN u.status = 'dead' THEN u.error END,
+                claimed_by = $9, claimed_at = $10
+            FROM UNNEST($3::int8[], $4::text[], $5::float8[], $6::text[]) AS u(id, status, delay, error)
+            WHERE o.id = u.id
+            RETURNING 1
+        ),
+        held AS (
+            UPDATE outbox o
+            SET next_run_at = CASE WHEN u.delay IS NULL THEN 'infinity'::timestamptz
+                                   ELSE now() + u.delay * interval '1 second' END
+            FROM UNNEST($7::int8[], $8::float8[]) AS u(id, delay)
+            WHERE o.id = u.id
+            RETURNING 1
+        ),
+        journal_closed AS (
+            DELETE FROM outbox_inflight WHERE claim_id = $11 AND cardinality($12::uuid[]) = 0
+        ),
+        journal_kept AS (
+            UPDATE outbox_inflight SET event_ids = $12 WHERE claim_id = $11 AND cardinality($12::uuid[]) > 0
+        )
+        SELECT (SELECT count(*) FROM sent) AS sent,
+               (SELECT count(*) FROM failed) AS failed,
+               (SELECT count(*) FROM held) AS held",
+    )
+    .bind(settlement.sent.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+    .bind(settlement.sent.iter().map(|(_, seq)| *seq).collect::<Vec<_>>())
+    .bind(settlement.failed.iter().map(|f| f.0).collect::<Vec<_>>())
+    .bind(settlement.failed.iter().map(|f| f.1).collect::<Vec<_>>())
+    .bind(settlement.failed.iter().map(|f| f.2).collect::<Vec<_>>())
+    .bind(settlement.failed.iter().map(|f| f.3.as_str()).collect::<Vec<_>>())
+    .bind(settlement.held.iter().map(|h| h.0).collect::<Vec<_>>())
+    .bind(settlement.held.iter().map(|h| h.1).collect::<Vec<_>>())
+    .bind(relay_id)
+    .bind(claimed_at)
+    .bind(claim_id)
+    .bind(&settlement.ambiguous)
+    .fetch_one(tx)
+    .await?;
+    Ok(Settled {
+        sent: row.try_get("sent")?,
+        failed: row.try_get("failed")?,
+        held: row.try_get("held")?,
+    })
+}

@@ -1,0 +1,265 @@
+//! One relay step: claim a batch, journal it, publish it in per-aggregate chains, settle it — and report
+//! what happened. [`crate::run`] loops over steps; tests drive steps directly.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+use crate::claim::{ClaimedRow, claim, event_ids, into_runs};
+use crate::config::RelayConfig;
+use crate::metrics;
+use crate::publish::{Outcome, publish_runs};
+use crate::settle::{Settlement, settle};
+
+/// What one step did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StepReport {
+    /// Rows claimed (locked).
+    pub claimed: usize,
+    /// Aggregate heads among them.
+    pub heads: usize,
+    /// Rows JetStream acknowledged (including duplicates).
+    pub published: usize,
+    /// Of those, PubAcks with `duplicate = true`.
+    pub duplicates: usize,
+    /// Rows that failed and will be retried.
+    pub failed: usize,
+    /// Rows that failed for the last time.
+    pub dead: usize,
+    /// Rows not published because an earlier version of their aggregate failed.
+    pub held_back: usize,
+    /// Rows not published because the step ran out of time or the relay is stopping (still pending).
+    pub not_attempted: usize,
+    /// Rows marked sent.
+    pub marked_sent: usize,
+    /// Published again more than the dedupe window after a possibly successful earlier publish.
+    pub republished_outside_window: usize,
+    /// The step stopped after publishing, as a crash would (fail point).
+    pub simulated_crash: bool,
+}
+
+impl StepReport {
+    /// True when the claim was as large as allowed: more rows are probably waiting.
+    pub fn was_full(&self, config: &RelayConfig) -> bool {
+        self.heads as i64 >= config.batch_size || self.claimed as i64 >= config.max_rows
+    }
+}
+
+/// Where a step may be told to stop, to reproduce the crash window deliberately.
+#[derive(Debug, Clone, Default)]
+pub enum FailPoint {
+    /// Run normally.
+    #[default]
+    None,
+    /// After the PubAcks, give up the transaction without marking anything (as if the process died).
+    AbandonAfterPublish,
+    /// After the PubAcks, abort the whole process while the claim transaction is still open: the
+    /// SIGKILL case, exactly.
+    AbortProcessAfterPublish,
+    /// After the PubAcks, signal `reached` and wait for `resume` before settling (tests use it to end
+    /// the session or start a rival relay in the window).
+    PauseAfterPublish {
+        /// Notified when the step reaches the window.
+        reached: Arc<tokio::sync::Notify>,
+        /// Awaited before settling.
+        resume: Arc<tokio::sync::Notify>,
+    },
+}
+
+/// Why a step failed. Whatever the cause, nothing was marked that should not have been.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// Claiming or journaling failed; nothing was published.
+    #[error("claiming outbox rows failed")]
+    Claim(#[source] sqlx::Error),
+    /// Published, but the marks could not be written: the claim was lost (session ended) or the
+    /// database failed. The rows stay unsent and will be published again (JetStream dedupes).
+    #[error("settling a published batch failed; its rows stay unsent and will be published again")]
+    Settle(#[source] sqlx::Error, Box<StepReport>),
+}
+
+/// Runs one claim–publish–settle step.
+pub async fn step(
+    pool: &PgPool,
+    jetstream: &async_nats::jetstream::Context,
+    config: &RelayConfig,
+    stopping: &Arc<AtomicBool>,
+    fail_point: &FailPoint,
+) -> Result<StepReport, StepError> {
+    let mut tx = pool.begin().await.map_err(StepError::Claim)?;
+    let claimed_at = Utc::now();
+    let rows = claim(&mut tx, config.batch_size, config.max_rows)
+        .await
+        .map_err(StepError::Claim)?;
+    if rows.is_empty() {
+        return Ok(StepReport::default());
+    }
+    let claimed = rows.len();
+    let (runs, left_out) = into_runs(rows);
+    let mut report = StepReport {
+        claimed,
+        heads: runs.len(),
+        not_attempted: left_out,
+        ..StepReport::default()
+    };
+    let claim_id = Uuid::now_v7();
+    let maybe_published = journal(pool, claim_id, &config.relay_id, &event_ids(&runs))
+        .await
+        .map_err(StepError::Claim)?;
+    tracing::debug!(claimed, heads = runs.len(), %claim_id, "claimed");
+
+    let deadline = Instant::now() + config.step_deadline;
+    let outcomes = publish_runs(
+        jetstream,
+        &config.stream.subject_prefix,
+        &runs,
+        config.max_in_flight,
+        deadline,
+        stopping,
+    )
+    .await;
+    let settlement = assess(&runs, &outcomes, &maybe_published, config, &mut report);
+
+    match fail_point {
+        FailPoint::None => {}
+        FailPoint::AbandonAfterPublish => {
+            report.simulated_crash = true;
+            tracing::warn!(%claim_id, published = report.published, "fail point: abandoning the step before marking sent");
+            return Ok(report);
+        }
+        FailPoint::AbortProcessAfterPublish => {
+            tracing::warn!(%claim_id, published = report.published, "fail point: aborting the process before marking sent");
+            std::process::abort();
+        }
+        FailPoint::PauseAfterPublish { reached, resume } => {
+            reached.notify_one();
+            resume.notified().await;
+        }
+    }
+
+    let settled = match settle(&mut tx, &settlement, &config.relay_id, claimed_at, claim_id).await {
+        Ok(settled) => settled,
+        Err(error) => {
+            metrics::record_lost_claim();
+            return Err(StepError::Settle(error, Box::new(report)));
+        }
+    };
+    if let Err(error) = tx.commit().await {
+        metrics::record_lost_claim();
+        return Err(StepError::Settle(error, Box::new(report)));
+    }
+    report.marked_sent = settled.sent as usize;
+    metrics::record_step(&report);
+    Ok(report)
+}
+
+/// Turns publish outcomes into marks, counting as it goes.
+fn assess(
+    runs: &[Vec<ClaimedRow>],
+    outcomes: &[Vec<Outcome>],
+    maybe_published: &HashMap<Uuid, DateTime<Utc>>,
+    config: &RelayConfig,
+    report: &mut StepReport,
+) -> Settlement {
+    let mut settlement = Settlement::default();
+    let mut rng = rand::rng();
+    let window =
+        chrono::Duration::from_std(config.stream.duplicate_window).unwrap_or(chrono::Duration::MAX);
+    let now = Utc::now();
+    for (run, outcomes) in runs.iter().zip(outcomes) {
+        // The delay of the failed row this run stopped at; `Some(None)` when that row is now dead.
+        let mut blocked_by: Option<Option<f64>> = None;
+        for (row, outcome) in run.iter().zip(outcomes) {
+            match outcome {
+                Outcome::Sent {
+                    sequence,
+                    duplicate,
+                    latency,
+                } => {
+                    report.published += 1;
+                    report.duplicates += usize::from(*duplicate);
+                    settlement
+                        .sent
+                        .push((row.id, i64::try_from(*sequence).unwrap_or(i64::MAX)));
+                    let commit_to_ack = (now - row.created_at).to_std().unwrap_or_default();
+                    metrics::record_ack(*latency, commit_to_ack.max(*latency));
+                    if let Some(earlier) = maybe_published.get(&row.envelope.event_id)
+                        && !duplicate
+                        && now - *earlier > window
+                    {
+                        report.republished_outside_window += 1;
+                        tracing::warn!(
+                            event_id = %row.envelope.event_id,
+                            first_attempt = %earlier,
+                            "republished outside the dedupe window: consumers may receive it twice"
+                        );
+                    }
+                }
+                Outcome::Failed { error, ambiguous } => {
+                    let failures = row.attempts + 1;
+                    let delay = config.backoff.delay(failures, &mut rng);
+                    let dead = settlement.fail(
+                        row.id,
+                        failures,
+                        config.max_attempts,
+                        delay,
+                        error.clone(),
+                    );
+                    if *ambiguous {
+                        settlement.ambiguous.push(row.envelope.event_id);
+                    }
+                    if dead {
+                        report.dead += 1;
+                        tracing::error!(event_id = %row.envelope.event_id, attempts = failures, %error, "outbox row is dead");
+                        blocked_by = Some(None);
+                    } else {
+                        report.failed += 1;
+                        tracing::warn!(event_id = %row.envelope.event_id, attempts = failures, retry_in = ?delay, %error, "publish failed");
+                        blocked_by = Some(Some(delay.as_secs_f64()));
+                    }
+                }
+                Outcome::NotAttempted => match blocked_by {
+                    Some(delay) => {
+                        report.held_back += 1;
+                        settlement.held.push((row.id, delay));
+                    }
+                    None => report.not_attempted += 1,
+                },
+            }
+        }
+    }
+    settlement
+}
+
+/// Records the batch as possibly published (committed before any publish) and returns, for the events
+/// an earlier unsettled step may already have published, when that step started.
+async fn journal(
+    pool: &PgPool,
+    claim_id: Uuid,
+    relay_id: &str,
+    event_ids: &[Uuid],
+) -> sqlx::Result<HashMap<Uuid, DateTime<Utc>>> {
+    let rows = sqlx::query(
+        "WITH recorded AS (
+            INSERT INTO outbox_inflight (claim_id, relay, event_ids) VALUES ($1, $2, $3)
+        )
+        SELECT e.id AS event_id, min(j.started_at) AS started_at
+        FROM outbox_inflight j CROSS JOIN LATERAL unnest(j.event_ids) AS e(id)
+        WHERE j.event_ids && $3 AND e.id = ANY($3)
+        GROUP BY e.id",
+    )
+    .bind(claim_id)
+    .bind(relay_id)
+    .bind(event_ids)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("event_id")?, r.try_get("started_at")?)))
+        .collect()
+}

@@ -1,0 +1,169 @@
+//! Stream provisioning: create the JetStream stream the relay needs, or verify that an existing one
+//! matches — and say exactly what differs instead of silently publishing into the wrong shape.
+
+use async_nats::jetstream::{self, ErrorCode, context::GetStreamErrorKind, stream};
+
+use crate::config::StreamSettings;
+
+/// Why the stream could not be made ready.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    /// The stream exists with settings the relay cannot work with.
+    #[error(
+        "stream {name} exists but differs from what the relay needs: {}; \
+         run `waybill-relay provision --update` to change it, or delete the stream",
+        .differences.join("; ")
+    )]
+    Mismatch {
+        /// The stream.
+        name: String,
+        /// One sentence per differing setting.
+        differences: Vec<String>,
+    },
+    /// The server accepted the stream but did not keep some settings (an older server ignores fields).
+    #[error("the server did not keep the requested settings of stream {name}: {}", .differences.join("; "))]
+    NotApplied {
+        /// The stream.
+        name: String,
+        /// What it kept instead.
+        differences: Vec<String>,
+    },
+    /// Talking to JetStream failed.
+    #[error("JetStream request failed: {0}")]
+    JetStream(String),
+}
+
+/// The stream the relay needs: file storage, every subject under the prefix, the dedupe window, and no
+/// limits that would drop history (projections rebuild from the start of the stream).
+pub fn wanted_config(settings: &StreamSettings) -> stream::Config {
+    stream::Config {
+        name: settings.name.clone(),
+        description: Some(
+            "waybill order events, published by waybill-relay from the outbox".to_owned(),
+        ),
+        subjects: vec![domain::wire::all_subjects(&settings.subject_prefix)],
+        storage: stream::StorageType::File,
+        retention: stream::RetentionPolicy::Limits,
+        discard: stream::DiscardPolicy::Old,
+        duplicate_window: settings.duplicate_window,
+        max_age: std::time::Duration::ZERO,
+        max_messages: -1,
+        max_bytes: -1,
+        num_replicas: 1,
+        ..Default::default()
+    }
+}
+
+/// Every setting of `actual` that differs from `wanted`, in words.
+pub fn differences(actual: &stream::Config, wanted: &stream::Config) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut check = |what: &str, have: String, need: String| {
+        if have != need {
+            found.push(format!("{what} is {have}, needs {need}"));
+        }
+    };
+    check(
+        "subjects",
+        format!("{:?}", actual.subjects),
+        format!("{:?}", wanted.subjects),
+    );
+    check(
+        "storage",
+        format!("{:?}", actual.storage),
+        format!("{:?}", wanted.storage),
+    );
+    check(
+        "retention",
+        format!("{:?}", actual.retention),
+        format!("{:?}", wanted.retention),
+    );
+    check(
+        "duplicate_window",
+        humantime::format_duration(actual.duplicate_window).to_string(),
+        humantime::format_duration(wanted.duplicate_window).to_string(),
+    );
+    check(
+        "max_age",
+        humantime::format_duration(actual.max_age).to_string(),
+        humantime::format_duration(wanted.max_age).to_string(),
+    );
+    check(
+        "max_messages",
+        actual.max_messages.to_string(),
+        wanted.max_messages.to_string(),
+    );
+    check(
+        "max_bytes",
+        actual.max_bytes.to_string(),
+        wanted.max_bytes.to_string(),
+    );
+    found
+}
+
+/// Creates the stream when it is missing; otherwise verifies it (and with `update`, changes it).
+pub async fn ensure_stream(
+    jetstream: &jetstream::Context,
+    settings: &StreamSettings,
+    update: bool,
+) -> Result<stream::Info, ProvisionError> {
+    let wanted = wanted_config(settings);
+    let request_failed = |e: &dyn std::fmt::Display| ProvisionError::JetStream(e.to_string());
+    match jetstream.get_stream(&settings.name).await {
+        Ok(mut existing) => {
+            let info = existing
+                .info()
+                .await
+                .map_err(|e| request_failed(&e))?
+                .clone();
+            let differences = differences(&info.config, &wanted);
+            if differences.is_empty() {
+                return Ok(info);
+            }
+            if !update {
+                return Err(ProvisionError::Mismatch {
+                    name: settings.name.clone(),
+                    differences,
+                });
+            }
+            tracing::warn!(stream = %settings.name, ?differences, "updating the stream's settings");
+            let updated = jetstream
+                .update_stream(&wanted)
+                .await
+                .map_err(|e| request_failed(&e))?;
+            verify_applied(updated, &wanted)
+        }
+        Err(error) if is_stream_not_found(&error) => {
+            let mut created = jetstream
+                .create_stream(wanted.clone())
+                .await
+                .map_err(|e| request_failed(&e))?;
+            tracing::info!(stream = %settings.name, subjects = ?wanted.subjects, "created the stream");
+            let info = created
+                .info()
+                .await
+                .map_err(|e| request_failed(&e))?
+                .clone();
+            verify_applied(info, &wanted)
+        }
+        Err(error) => Err(request_failed(&error)),
+    }
+}
+
+fn verify_applied(
+    info: stream::Info,
+    wanted: &stream::Config,
+) -> Result<stream::Info, ProvisionError> {
+    let differences = differences(&info.config, wanted);
+    if differences.is_empty() {
+        Ok(info)
+    } else {
+        Err(ProvisionError::NotApplied {
+            name: wanted.name.clone(),
+            differences,
+        })
+    }
+}
+
+fn is_stream_not_found(error: &jetstream::context::GetStreamError) -> bool {
+    matches!(error.kind(), GetStreamErrorKind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND)
+}
