@@ -15,6 +15,7 @@ pub struct NatsServer {
     port: u16,
     dir: PathBuf,
     extra_args: Vec<String>,
+    config: Option<String>,
     child: Option<Child>,
 }
 
@@ -36,10 +37,26 @@ impl NatsServer {
             port,
             dir,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            config: None,
             child: None,
         };
         server.resume()?;
         Ok(server)
+    }
+
+    /// Starts a server that also reads `config` (nats-server configuration syntax, e.g.
+    /// `max_payload: 8192`).
+    pub fn start_with_config(config: &str) -> anyhow::Result<Self> {
+        let mut server = Self::start()?;
+        server.stop();
+        server.set_config(config);
+        server.resume()?;
+        Ok(server)
+    }
+
+    /// Replaces the configuration file used from the next [`NatsServer::resume`] on.
+    pub fn set_config(&mut self, config: &str) {
+        self.config = Some(config.to_owned());
     }
 
     /// `nats://127.0.0.1:PORT`.
@@ -69,7 +86,13 @@ impl NatsServer {
         }
         let log = self.dir.join("nats-server.log");
         let _ = std::fs::remove_file(&log);
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(config) = &self.config {
+            let file = self.dir.join("nats-server.conf");
+            std::fs::write(&file, config).with_context(|| format!("writing {}", file.display()))?;
+            command.arg("-c").arg(file);
+        }
+        let child = command
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js"])
             .arg("-sd")
             .arg(self.dir.join("jetstream"))

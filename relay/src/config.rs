@@ -50,6 +50,18 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     /// PostgreSQL ends a claim transaction left idle this long (a hung relay), releasing its rows.
     pub claim_idle_timeout: Duration,
+    /// Deliberate publish failures, for tests and benchmarks only (none by default).
+    pub faults: PublishFaults,
+}
+
+/// Publish failures injected on purpose, to exercise retries and ordering under failure.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PublishFaults {
+    /// Fraction of publishes that fail before reaching the server.
+    pub before_send: f64,
+    /// Fraction of publishes that reach the server and are stored, but whose PubAck is treated as lost
+    /// (the ambiguous case: the retry is a duplicate).
+    pub lost_ack: f64,
 }
 
 impl Default for RelayConfig {
@@ -63,10 +75,26 @@ impl Default for RelayConfig {
             max_attempts: 12,
             backoff: Backoff::default(),
             publish_timeout: Duration::from_secs(5),
-            step_deadline: Duration::from_secs(20),
+            step_deadline: Duration::from_secs(10),
             poll_interval: Duration::from_secs(1),
             claim_idle_timeout: Duration::from_secs(30),
+            faults: PublishFaults::default(),
         }
+    }
+}
+
+impl RelayConfig {
+    /// How long a step may keep starting publishes: the configured deadline, shortened if needed so that
+    /// the last PubAck (one publish timeout later) and the settle arrive well before PostgreSQL ends the
+    /// idle claim transaction — a step must never outlive its own claim.
+    pub fn effective_step_deadline(&self) -> Duration {
+        let budget = self
+            .claim_idle_timeout
+            .saturating_sub(self.publish_timeout)
+            .saturating_sub(Duration::from_secs(2))
+            / 2;
+        self.step_deadline
+            .min(budget.max(Duration::from_millis(100)))
     }
 }
 

@@ -17,7 +17,7 @@ pub mod step;
 pub mod stream;
 
 pub use backoff::Backoff;
-pub use config::{RelayConfig, StreamSettings};
+pub use config::{PublishFaults, RelayConfig, StreamSettings};
 pub use run::{Relay, RunSummary};
 pub use step::{FailPoint, StepError, StepReport};
 pub use stream::{ProvisionError, ensure_stream};

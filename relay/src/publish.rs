@@ -10,14 +10,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
+use async_nats::connection::State;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self};
 use bytes::Bytes;
 use domain::wire;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
 use crate::claim::ClaimedRow;
+use crate::config::PublishFaults;
 
 /// What happened to one claimed row.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +41,8 @@ pub enum Outcome {
         /// The message may have been stored anyway (the ack timed out or the connection broke).
         ambiguous: bool,
     },
-    /// Not published in this step: an earlier version failed, or the relay is stopping.
+    /// Not published in this step: an earlier version failed, the step ran out of time, the broker is
+    /// disconnected, or the relay is stopping.
     NotAttempted,
 }
 
@@ -50,14 +54,59 @@ pub async fn publish_runs(
     max_in_flight: usize,
     deadline: Instant,
     stopping: &Arc<AtomicBool>,
+    faults: PublishFaults,
 ) -> Vec<Vec<Outcome>> {
-    let chains = runs.iter().enumerate().map(|(index, run)| async move {
+    let client = jetstream.client();
+    let chain = Chain {
+        jetstream,
+        client: &client,
+        subject_prefix,
+        deadline,
+        stopping,
+        faults,
+    };
+    let mut results = vec![Vec::new(); runs.len()];
+    let mut waiting = runs.iter().enumerate();
+    let mut running = FuturesUnordered::new();
+    loop {
+        // Keep at most `max_in_flight` chains going; each has one PubAck outstanding at a time.
+        while running.len() < max_in_flight.max(1) {
+            let Some((index, run)) = waiting.next() else {
+                break;
+            };
+            running.push(chain.publish(index, run));
+        }
+        match running.next().await {
+            Some((index, outcomes)) => results[index] = outcomes,
+            None => return results,
+        }
+    }
+}
+
+/// What every chain of a step shares.
+struct Chain<'a> {
+    jetstream: &'a jetstream::Context,
+    client: &'a async_nats::Client,
+    subject_prefix: &'a str,
+    deadline: Instant,
+    stopping: &'a AtomicBool,
+    faults: PublishFaults,
+}
+
+impl Chain<'_> {
+    /// Publishes one aggregate's run in version order, stopping at the first failure.
+    async fn publish(&self, index: usize, run: &[ClaimedRow]) -> (usize, Vec<Outcome>) {
         let mut outcomes = Vec::with_capacity(run.len());
         for row in run {
-            if stopping.load(Ordering::Relaxed) || Instant::now() >= deadline {
+            // Stopping, out of time, or the broker is gone: leave the rest pending, untouched. A publish
+            // into a disconnected client would only wait for its timeout and burn an attempt.
+            if self.stopping.load(Ordering::Relaxed)
+                || Instant::now() >= self.deadline
+                || self.client.connection_state() != State::Connected
+            {
                 break;
             }
-            let outcome = publish_one(jetstream, subject_prefix, row).await;
+            let outcome = publish_one(self.jetstream, self.subject_prefix, row, self.faults).await;
             let failed = matches!(outcome, Outcome::Failed { .. });
             outcomes.push(outcome);
             if failed {
@@ -66,17 +115,22 @@ pub async fn publish_runs(
         }
         outcomes.resize(run.len(), Outcome::NotAttempted);
         (index, outcomes)
-    });
-    let mut results = vec![Vec::new(); runs.len()];
-    let mut done = futures::stream::iter(chains).buffer_unordered(max_in_flight.max(1));
-    while let Some((index, outcomes)) = done.next().await {
-        results[index] = outcomes;
     }
-    results
 }
 
-async fn publish_one(jetstream: &jetstream::Context, prefix: &str, row: &ClaimedRow) -> Outcome {
+async fn publish_one(
+    jetstream: &jetstream::Context,
+    prefix: &str,
+    row: &ClaimedRow,
+    faults: PublishFaults,
+) -> Outcome {
     let envelope = &row.envelope;
+    if faults.before_send > 0.0 && rand::random_bool(faults.before_send.min(1.0)) {
+        return Outcome::Failed {
+            error: "injected fault: not sent".into(),
+            ambiguous: false,
+        };
+    }
     let subject = match wire::subject(prefix, envelope) {
         Ok(subject) => subject,
         Err(error) => {
@@ -100,6 +154,12 @@ async fn publish_one(jetstream: &jetstream::Context, prefix: &str, row: &Claimed
         }
     };
     match ack.await {
+        Ok(_) if faults.lost_ack > 0.0 && rand::random_bool(faults.lost_ack.min(1.0)) => {
+            Outcome::Failed {
+                error: "injected fault: PubAck lost".into(),
+                ambiguous: true,
+            }
+        }
         Ok(ack) => Outcome::Sent {
             sequence: ack.sequence,
             duplicate: ack.duplicate,

@@ -114,7 +114,7 @@ pub async fn step(
         .map_err(StepError::Claim)?;
     tracing::debug!(claimed, heads = runs.len(), %claim_id, "claimed");
 
-    let deadline = Instant::now() + config.step_deadline;
+    let deadline = Instant::now() + config.effective_step_deadline();
     let outcomes = publish_runs(
         jetstream,
         &config.stream.subject_prefix,
@@ -122,6 +122,7 @@ pub async fn step(
         config.max_in_flight,
         deadline,
         stopping,
+        config.faults,
     )
     .await;
     let settlement = assess(&runs, &outcomes, &maybe_published, config, &mut report);
@@ -129,6 +130,9 @@ pub async fn step(
     match fail_point {
         FailPoint::None => {}
         FailPoint::AbandonAfterPublish => {
+            // Roll back now rather than when the connection is next used, so the rows are free at once
+            // (as they are when a process dies and PostgreSQL closes its session).
+            let _ = tx.rollback().await;
             report.simulated_crash = true;
             tracing::warn!(%claim_id, published = report.published, "fail point: abandoning the step before marking sent");
             return Ok(report);

@@ -1,0 +1,131 @@
+//! Shared set-up for the relay's integration tests: a private nats-server per test, relays named after
+//! their role, fast retry settings, and waiting helpers.
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use ops::NatsServer;
+use relay::{Backoff, Relay, RelayConfig, StreamSettings};
+use sqlx::PgPool;
+use store::EventStore;
+use testkit::StoredEvent;
+
+pub const STREAM: &str = "TEST_EVENTS";
+pub const PREFIX: &str = "test.events";
+
+pub struct Harness {
+    pub pool: PgPool,
+    pub url: String,
+    pub nats: NatsServer,
+    pub jetstream: jetstream::Context,
+    pub store: EventStore,
+}
+
+impl Harness {
+    pub async fn new(pool: PgPool) -> Self {
+        Self::with_nats(pool, NatsServer::start().expect("nats-server")).await
+    }
+
+    pub async fn with_nats(pool: PgPool, nats: NatsServer) -> Self {
+        let url = testkit::database_url(&pool).await;
+        let client = async_nats::connect(nats.url())
+            .await
+            .expect("connect to NATS");
+        Self {
+            store: EventStore::new(pool.clone()),
+            pool,
+            url,
+            nats,
+            jetstream: jetstream::new(client),
+        }
+    }
+
+    /// Fast settings: short timeouts and retries, so failure paths finish in test time.
+    pub fn config(&self, relay_id: &str) -> RelayConfig {
+        RelayConfig {
+            relay_id: relay_id.to_owned(),
+            stream: StreamSettings {
+                name: STREAM.to_owned(),
+                subject_prefix: PREFIX.to_owned(),
+                duplicate_window: Duration::from_secs(120),
+            },
+            publish_timeout: Duration::from_secs(1),
+            backoff: Backoff::new(vec![Duration::from_millis(50)], 0.2),
+            poll_interval: Duration::from_millis(100),
+            claim_idle_timeout: Duration::from_secs(20),
+            ..RelayConfig::default()
+        }
+    }
+
+    /// A relay with its own database pool (named after it in pg_stat_activity) and NATS connection.
+    pub async fn relay(&self, config: RelayConfig) -> Relay {
+        let relay = Relay::connect(&self.url, &self.nats.url(), config)
+            .await
+            .expect("relay connects");
+        relay.provision(false).await.expect("stream provisioned");
+        relay
+    }
+
+    pub async fn stream(&self) -> Vec<StoredEvent> {
+        testkit::stream_events(&self.jetstream, STREAM).await
+    }
+
+    pub async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect(sql)
+    }
+}
+
+/// Polls `check` until it is true or `timeout` passes; panics with `what` on timeout.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// Inserts `aggregates` orders with `versions` (1 to 3: placed, paid, shipped) events each, written in
+/// interleaved order (every order's v1, then every v2, ...) straight into `events` and `outbox`.
+pub async fn seed(pool: &PgPool, aggregates: i64, versions: i64) {
+    sqlx::query(
+        "WITH rows AS (
+            SELECT gen_random_uuid() AS event_id,
+                   ('00000000-0000-7000-8000-' || lpad(to_hex(a), 12, '0'))::uuid AS aggregate_id,
+                   v AS aggregate_version,
+                   (ARRAY['order.placed', 'order.paid', 'order.shipped'])[v] AS event_type,
+                   (ARRAY[
+                       '{\"customer_id\": \"c\", \"currency\": \"EUR\", \"lines\": [{\"sku\": \"MUG\", \"quantity\": 1, \"unit_price_cents\": 100}], \"total_cents\": 100}',
+                       '{\"amount_cents\": 100, \"payment_ref\": null}',
+                       '{\"carrier\": \"DHL\", \"tracking_number\": \"T\"}'])[v]::jsonb AS payload,
+                   (ARRAY[2, 1, 1])[v] AS event_version
+            FROM generate_series(1, $2::int) v, generate_series(1, $1::int) a
+            ORDER BY v, a
+        ),
+        ev AS (
+            INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
+                                aggregate_version, occurred_at, payload)
+            SELECT event_id, event_type, event_version, 'order', aggregate_id, aggregate_version, now(), payload
+            FROM rows
+            RETURNING event_id, event_type, aggregate_id, aggregate_version, position
+        )
+        INSERT INTO outbox (event_id, event_type, aggregate_id, aggregate_version)
+        SELECT event_id, event_type, aggregate_id, aggregate_version FROM ev ORDER BY position",
+    )
+    .bind(aggregates)
+    .bind(versions)
+    .execute(pool)
+    .await
+    .expect("seed");
+}

@@ -1,0 +1,568 @@
+//! The relay's guarantees against a real PostgreSQL and a real nats-server: at least once across
+//! crashes and broker outages, duplicates absorbed, per-aggregate order, fenced claims, dead rows.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Harness, PREFIX, STREAM, seed, wait_until};
+use relay::admin::{self, ReplayTarget};
+use relay::{FailPoint, PublishFaults, StepError};
+use sqlx::PgPool;
+use tokio::sync::Notify;
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_step_publishes_each_row_once_with_its_headers_and_marks_it_sent(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    let order = testkit::place_order(&h.store, "alice", &["MUG:2:1250"]).await;
+    testkit::pay_order(&h.store, order).await;
+    let relay = h.relay(h.config("relay-a")).await;
+
+    let report = relay.step().await.expect("step");
+    assert_eq!(
+        (
+            report.claimed,
+            report.published,
+            report.marked_sent,
+            report.duplicates
+        ),
+        (2, 2, 2, 0)
+    );
+
+    let stream = h.stream().await;
+    assert_eq!(stream.len(), 2);
+    let first = &stream[0];
+    assert_eq!(first.envelope.aggregate_id, order.as_uuid());
+    assert_eq!(first.envelope.aggregate_version, 1);
+    assert_eq!(first.subject, format!("{PREFIX}.order.placed.{}", order));
+    let header = |name: &str| first.headers.get(name).map(|v| v.as_str().to_owned());
+    assert_eq!(
+        header("Nats-Msg-Id"),
+        Some(first.envelope.event_id.to_string())
+    );
+    assert_eq!(
+        header("Waybill-Event-Type").as_deref(),
+        Some("order.placed")
+    );
+    assert_eq!(header("Waybill-Event-Version").as_deref(), Some("2"));
+    assert_eq!(header("Waybill-Aggregate-Version").as_deref(), Some("1"));
+
+    let rows: Vec<(String, Option<i64>, i32, Option<String>)> = sqlx::query_as(
+        "SELECT status, stream_seq, attempts, claimed_by FROM outbox ORDER BY aggregate_version",
+    )
+    .fetch_all(&h.pool)
+    .await
+    .expect("rows");
+    assert_eq!(
+        rows[0],
+        (
+            "sent".into(),
+            Some(first.sequence as i64),
+            1,
+            Some("relay-a".into())
+        )
+    );
+    assert_eq!(rows[1].0, "sent");
+    assert_eq!(
+        h.count("SELECT count(*) FROM outbox_inflight").await,
+        0,
+        "journal closed"
+    );
+
+    // Nothing left: the next step claims nothing and publishes nothing.
+    assert_eq!(relay.step().await.expect("step").claimed, 0);
+    assert_eq!(h.stream().await.len(), 2);
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_puback_marked_duplicate_counts_as_success(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
+    let relay = h.relay(h.config("relay-a")).await;
+    // Someone (a crashed relay) already published this event.
+    let first = relay
+        .clone()
+        .with_fail_point(FailPoint::AbandonAfterPublish);
+    assert!(first.step().await.expect("step").simulated_crash);
+
+    let report = relay.step().await.expect("step");
+    assert_eq!(
+        (report.published, report.duplicates, report.marked_sent),
+        (1, 1, 1)
+    );
+    assert_eq!(h.stream().await.len(), 1, "JetStream kept one copy");
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn sigkill_between_puback_and_mark_sent_is_recovered_by_dedupe(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
+    let relay_binary = |extra: &[&str]| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-relay"));
+        command
+            .args([
+                "run",
+                "--once",
+                "--json",
+                "--database-url",
+                &h.url,
+                "--nats-url",
+                &h.nats.url(),
+            ])
+            .args(["--stream", STREAM, "--subject-prefix", PREFIX])
+            .args(extra)
+            .env("RUST_LOG", "warn");
+        command
+    };
+
+    // The first relay publishes, gets its PubAck, and dies with the claim transaction open.
+    let crashed = relay_binary(&["--crash-after-publish"])
+        .output()
+        .await
+        .expect("relay runs");
+    assert!(
+        !crashed.status.success(),
+        "the fail point aborts the process"
+    );
+    assert_eq!(h.stream().await.len(), 1, "the event reached the stream");
+    let counts = testkit::outbox_counts(&h.pool).await;
+    assert_eq!(
+        counts.get("pending"),
+        Some(&1),
+        "nothing was marked: {counts:?}"
+    );
+    assert_eq!(
+        h.count("SELECT count(*) FROM outbox_inflight").await,
+        1,
+        "the journal remembers the publish"
+    );
+
+    // Recovery needs nothing but a second pass: PostgreSQL released the dead session's locks.
+    let second = relay_binary(&[]).output().await.expect("relay runs");
+    assert!(
+        second.status.success(),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let out: serde_json::Value = serde_json::from_slice(&second.stdout).expect("JSON summary");
+    assert_eq!(out["summary"]["published"], 1);
+    assert_eq!(
+        out["summary"]["duplicates"], 1,
+        "JetStream recognised the event id"
+    );
+    assert_eq!(out["summary"]["marked_sent"], 1);
+
+    let stream = h.stream().await;
+    assert_eq!(stream.len(), 1, "the stream holds the event once");
+    let (status, seq): (String, Option<i64>) =
+        sqlx::query_as("SELECT status, stream_seq FROM outbox")
+            .fetch_one(&h.pool)
+            .await
+            .expect("row");
+    assert_eq!(
+        (status.as_str(), seq),
+        ("sent", Some(stream[0].sequence as i64))
+    );
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn nats_going_away_mid_batch_loses_nothing(pool: PgPool) {
+    let mut h = Harness::new(pool).await;
+    seed(&h.pool, 600, 3).await;
+    let mut config = h.config("relay-a");
+    config.max_in_flight = 64; // many PubAcks outstanding when the broker dies
+    config.batch_size = 2000;
+    config.max_rows = 2000;
+    let relay = h.relay(config).await;
+
+    let step = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.step().await }
+    });
+    // Stop the broker once part of the batch is in the stream.
+    let observer = h.jetstream.clone();
+    wait_until(Duration::from_secs(20), "the first publishes", || {
+        let js = observer.clone();
+        async move {
+            let mut stream = js.get_stream(STREAM).await.expect("stream");
+            stream
+                .info()
+                .await
+                .map(|i| i.state.messages >= 100)
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    h.nats.stop();
+    let report = step
+        .await
+        .expect("task")
+        .expect("the step settles despite the outage");
+    assert!(report.published >= 100, "{report:?}");
+    assert!(
+        report.failed > 0,
+        "publishes after the outage fail: {report:?}"
+    );
+    assert_eq!(
+        report.published + report.failed + report.held_back + report.not_attempted,
+        1800,
+        "{report:?}"
+    );
+    let counts = testkit::outbox_counts(&h.pool).await;
+    assert_eq!(
+        counts.values().sum::<i64>(),
+        1800,
+        "no row lost: {counts:?}"
+    );
+    assert_eq!(
+        counts.get("failed").copied().unwrap_or(0),
+        report.failed as i64,
+        "{counts:?}"
+    );
+
+    h.nats.resume().expect("NATS back");
+    wait_until(Duration::from_secs(60), "every row sent", || async {
+        let _ = relay.step().await;
+        testkit::outbox_counts(&h.pool).await.get("sent") == Some(&1800)
+    })
+    .await;
+    let stream = h.stream().await;
+    assert_eq!(stream.len(), 1800, "each event stored exactly once");
+    for (aggregate, versions) in testkit::versions_by_aggregate(&stream) {
+        assert_eq!(versions, vec![1, 2, 3], "order of {aggregate}");
+    }
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_relay_that_lost_its_claim_cannot_mark_and_the_new_owner_can(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    for _ in 0..5 {
+        testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
+    }
+    let (reached, resume) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let a = h
+        .relay(h.config("relay-a"))
+        .await
+        .with_fail_point(FailPoint::PauseAfterPublish {
+            reached: reached.clone(),
+            resume: resume.clone(),
+        });
+    let b = h.relay(h.config("relay-b")).await;
+
+    let a_step = tokio::spawn(async move { a.step().await });
+    reached.notified().await;
+    // While A holds its claim, B cannot take those rows.
+    assert_eq!(
+        b.step().await.expect("b step").claimed,
+        0,
+        "a live claim is never shared"
+    );
+
+    // A's session is ended (an operator, a network partition, the idle timeout).
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE application_name = 'relay-a' AND datname = current_database()
+           AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_all(&h.pool)
+    .await
+    .expect("terminate");
+    assert_eq!(terminated, vec![true]);
+
+    // B takes over: its publishes are duplicates, and it marks the rows.
+    wait_until(
+        Duration::from_secs(5),
+        "B to claim the released rows",
+        || async {
+            let report = b.step().await.expect("b step");
+            report.marked_sent == 5 && report.duplicates == 5
+        },
+    )
+    .await;
+    // A wakes up in the window and tries to settle: it cannot.
+    resume.notify_one();
+    let a_result = a_step.await.expect("task");
+    assert!(
+        matches!(a_result, Err(StepError::Settle(..))),
+        "{a_result:?}"
+    );
+
+    let owners: Vec<String> = sqlx::query_scalar("SELECT DISTINCT claimed_by FROM outbox")
+        .fetch_all(&h.pool)
+        .await
+        .expect("owners");
+    assert_eq!(owners, vec!["relay-b".to_owned()]);
+    assert_eq!(h.stream().await.len(), 5, "each event in the stream once");
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn two_relays_with_injected_failures_keep_every_aggregate_in_version_order(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    seed(&h.pool, 300, 3).await;
+    let faults = PublishFaults {
+        before_send: 0.1,
+        lost_ack: 0.1,
+    };
+    let mut relays = Vec::new();
+    for name in ["relay-a", "relay-b"] {
+        let mut config = h.config(name);
+        config.batch_size = 40; // many small steps, so the two relays interleave
+        config.max_rows = 80;
+        config.faults = faults;
+        config.max_attempts = 100;
+        relays.push(h.relay(config).await);
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let runs: Vec<_> = relays
+        .iter()
+        .cloned()
+        .map(|relay| {
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                relay
+                    .run(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await
+            })
+        })
+        .collect();
+    wait_until(Duration::from_secs(90), "every row sent", || async {
+        testkit::outbox_counts(&h.pool).await.get("sent") == Some(&900)
+    })
+    .await;
+    stop_tx.send(true).expect("stop");
+    let mut failed = 0;
+    for run in runs {
+        let summary = run.await.expect("relay task");
+        assert!(summary.published > 0, "both relays worked: {summary:?}");
+        failed += summary.failed;
+    }
+    assert!(failed > 20, "faults were injected ({failed} failures)");
+
+    let stream = h.stream().await;
+    assert_eq!(stream.len(), 900, "lost acks were absorbed by dedupe");
+    for (aggregate, versions) in testkit::versions_by_aggregate(&stream) {
+        assert_eq!(versions, vec![1, 2, 3], "stream order of {aggregate}");
+    }
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_row_that_can_never_publish_goes_dead_holds_its_aggregate_back_and_replays(pool: PgPool) {
+    let nats = ops::NatsServer::start_with_config("max_payload: 4096\n").expect("nats-server");
+    let mut h = Harness::with_nats(pool, nats).await;
+    // An order whose placed event is larger than the server accepts, then paid.
+    let lines: Vec<String> = (0..120)
+        .map(|i| format!("BIG-SKU-NUMBER-{i:04}:1:100"))
+        .collect();
+    let line_refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let big = testkit::place_order(&h.store, "alice", &line_refs).await;
+    testkit::pay_order(&h.store, big).await;
+    let small = testkit::place_order(&h.store, "bob", &["MUG:1:100"]).await;
+
+    let mut config = h.config("relay-a");
+    config.max_attempts = 3;
+    config.backoff = relay::Backoff::new(vec![Duration::from_millis(10)], 0.0);
+    let relay = h.relay(config).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the big event to be dead",
+        || async {
+            let _ = relay.step().await;
+            testkit::outbox_counts(&h.pool).await.get("dead") == Some(&1)
+        },
+    )
+    .await;
+
+    let dead = admin::dead_rows(&h.pool, 10).await.expect("dead list");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (
+            dead[0].aggregate_id,
+            dead[0].aggregate_version,
+            dead[0].attempts
+        ),
+        (big.as_uuid(), 1, 3)
+    );
+    assert!(
+        dead[0]
+            .dead_reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("max payload"),
+        "{:?}",
+        dead[0].dead_reason
+    );
+    assert_eq!(dead[0].waiting_behind, 1, "the payment waits behind it");
+    let status = admin::status(&h.pool, true).await.expect("status");
+    assert_eq!(
+        (status.dead, status.aggregates_held_back, status.sent),
+        (1, 1, Some(1))
+    );
+    let in_stream = testkit::versions_by_aggregate(&h.stream().await);
+    assert_eq!(
+        in_stream.get(&small.as_uuid()),
+        Some(&vec![1]),
+        "other aggregates flow"
+    );
+    assert_eq!(
+        in_stream.get(&big.as_uuid()),
+        None,
+        "the payment did not overtake its order"
+    );
+
+    // The cause goes away (the limit is raised), an operator replays, and the aggregate flows in order.
+    h.nats.stop();
+    h.nats.set_config("max_payload: 1048576\n");
+    h.nats.resume().expect("NATS back");
+    wait_until(
+        Duration::from_secs(10),
+        "the relay to reconnect",
+        || async { relay.client().connection_state() == async_nats::connection::State::Connected },
+    )
+    .await;
+    assert_eq!(
+        admin::replay_dead(&h.pool, &ReplayTarget::All)
+            .await
+            .expect("replay"),
+        1
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the replayed aggregate to be sent",
+        || async {
+            let _ = relay.step().await;
+            testkit::outbox_counts(&h.pool).await.get("sent") == Some(&3)
+        },
+    )
+    .await;
+    let in_stream = testkit::versions_by_aggregate(&h.stream().await);
+    assert_eq!(in_stream.get(&big.as_uuid()), Some(&vec![1, 2]));
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_new_row_is_picked_up_by_notification_not_by_polling(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    let mut config = h.config("relay-a");
+    config.poll_interval = Duration::from_secs(60);
+    let relay = h.relay(config).await;
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            relay
+                .run(async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await; // the listener connects
+
+    let store = h.store.clone().with_notifier(store::OutboxNotifier::spawn(
+        h.pool.clone(),
+        Duration::from_millis(5),
+    ));
+    let started = std::time::Instant::now();
+    testkit::place_order(&store, "alice", &["MUG:1:100"]).await;
+    wait_until(Duration::from_secs(10), "the row to be sent", || async {
+        testkit::outbox_counts(&h.pool).await.get("sent") == Some(&1)
+    })
+    .await;
+    let latency = started.elapsed();
+    assert!(
+        latency < Duration::from_secs(5),
+        "picked up after {latency:?}; the poll interval is 60 s"
+    );
+    stop_tx.send(true).expect("stop");
+    run.await.expect("run");
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_graceful_stop_settles_what_was_published_and_releases_the_rest(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    seed(&h.pool, 1000, 2).await;
+    let mut config = h.config("relay-a");
+    config.max_in_flight = 2;
+    config.batch_size = 2000;
+    config.max_rows = 2000;
+    let relay = h.relay(config).await;
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            relay
+                .run(async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                })
+                .await
+        }
+    });
+    let observer = h.jetstream.clone();
+    wait_until(Duration::from_secs(20), "some publishes", || {
+        let js = observer.clone();
+        async move {
+            let mut stream = js.get_stream(STREAM).await.expect("stream");
+            stream
+                .info()
+                .await
+                .map(|i| i.state.messages >= 50)
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    stop_tx.send(true).expect("stop");
+    let summary = tokio::time::timeout(Duration::from_secs(15), run)
+        .await
+        .expect("stops promptly")
+        .expect("task");
+
+    let counts = testkit::outbox_counts(&h.pool).await;
+    let sent = counts.get("sent").copied().unwrap_or(0);
+    assert!(sent > 0 && sent < 2000, "stopped mid-way: {counts:?}");
+    assert_eq!(
+        sent as u64, summary.marked_sent,
+        "everything acknowledged was settled"
+    );
+    assert_eq!(
+        h.stream().await.len() as i64,
+        sent,
+        "nothing published without being marked"
+    );
+    // The rest is released: another relay can claim all of it right away.
+    let other = h.relay(h.config("relay-b")).await;
+    let drained = other.drain().await.expect("drain");
+    assert_eq!(drained.marked_sent as i64, 2000 - sent);
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_stream_with_the_wrong_settings_is_refused_then_updated_on_request(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    h.jetstream
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: STREAM.into(),
+            subjects: vec![format!("{PREFIX}.>")],
+            duplicate_window: Duration::from_secs(10),
+            ..Default::default()
+        })
+        .await
+        .expect("stream created by someone else");
+    let relay = relay::Relay::connect(&h.url, &h.nats.url(), h.config("relay-a"))
+        .await
+        .expect("connect");
+    let err = relay.provision(false).await.expect_err("mismatch");
+    let message = err.to_string();
+    assert!(
+        message.contains("duplicate_window is 10s, needs 2m"),
+        "{message}"
+    );
+    assert!(
+        message.contains("--update"),
+        "says how to fix it: {message}"
+    );
+
+    let info = relay.provision(true).await.expect("updated");
+    assert_eq!(info.config.duplicate_window, Duration::from_secs(120));
+    relay.provision(false).await.expect("now it matches");
+}

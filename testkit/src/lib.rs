@@ -1,0 +1,120 @@
+//! Test support for the integration tests of every crate: the URL of a `#[sqlx::test]` database (to
+//! hand to a binary), seeding orders through the real command path, and reading a stream back.
+//! Used only as a dev-dependency; nothing here is on a production path.
+
+use std::collections::BTreeMap;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use domain::{
+    Currency, CustomerId, EventEnvelope, OrderCommand, OrderId, OrderLine, PayOrder, PlaceOrder,
+};
+use sqlx::PgPool;
+use store::{CommandContext, EventStore};
+use uuid::Uuid;
+
+/// The URL of the database `pool` is connected to, on the server and as the user of `DATABASE_URL`.
+pub async fn database_url(pool: &PgPool) -> String {
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .expect("current_database()");
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for sqlx::test");
+    let (server, _) = base
+        .rsplit_once('/')
+        .expect("DATABASE_URL has a database path");
+    format!("{server}/{name}")
+}
+
+/// A place-order command for `customer` with the given `SKU:QTY:PRICE` lines.
+pub fn place(customer: &str, lines: &[&str]) -> OrderCommand {
+    OrderCommand::Place(PlaceOrder {
+        customer_id: CustomerId::parse(customer).expect("customer id"),
+        currency: Currency::parse("EUR").expect("currency"),
+        lines: lines
+            .iter()
+            .map(|l| OrderLine::parse(l).expect("line"))
+            .collect(),
+    })
+}
+
+/// Places an order through the event store and returns its id.
+pub async fn place_order(store: &EventStore, customer: &str, lines: &[&str]) -> OrderId {
+    let id = OrderId::from_uuid(Uuid::now_v7());
+    store
+        .execute(id, &place(customer, lines), &CommandContext::default())
+        .await
+        .expect("place");
+    id
+}
+
+/// Pays an order in full through the event store.
+pub async fn pay_order(store: &EventStore, id: OrderId) {
+    let order = store.load(id).await.expect("load");
+    let command = OrderCommand::Pay(PayOrder {
+        amount_cents: domain::Cents::new(order.total_cents).expect("amount"),
+        payment_ref: None,
+    });
+    store
+        .execute(id, &command, &CommandContext::default())
+        .await
+        .expect("pay");
+}
+
+/// One message read back from a stream.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    /// Stream sequence.
+    pub sequence: u64,
+    /// Subject it was published to.
+    pub subject: String,
+    /// Its headers.
+    pub headers: HeaderMap,
+    /// The decoded envelope.
+    pub envelope: EventEnvelope,
+}
+
+/// Every message in `stream`, in stream order.
+pub async fn stream_events(jetstream: &jetstream::Context, stream: &str) -> Vec<StoredEvent> {
+    let mut stream = jetstream.get_stream(stream).await.expect("stream exists");
+    let state = stream.info().await.expect("stream info").state.clone();
+    let mut events = Vec::with_capacity(state.messages as usize);
+    for sequence in state.first_sequence..=state.last_sequence {
+        if state.messages == 0 {
+            break;
+        }
+        let Ok(message) = stream.get_raw_message(sequence).await else {
+            continue;
+        };
+        let envelope = EventEnvelope::from_json(&message.payload).expect("an envelope");
+        events.push(StoredEvent {
+            sequence,
+            subject: message.subject.to_string(),
+            headers: message.headers,
+            envelope,
+        });
+    }
+    events
+}
+
+/// For each aggregate, its versions in stream order.
+pub fn versions_by_aggregate(events: &[StoredEvent]) -> BTreeMap<Uuid, Vec<i64>> {
+    let mut by_aggregate: BTreeMap<Uuid, Vec<i64>> = BTreeMap::new();
+    for event in events {
+        by_aggregate
+            .entry(event.envelope.aggregate_id)
+            .or_default()
+            .push(event.envelope.aggregate_version);
+    }
+    by_aggregate
+}
+
+/// Counts rows of the outbox by status.
+pub async fn outbox_counts(pool: &PgPool) -> BTreeMap<String, i64> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM outbox GROUP BY status")
+            .fetch_all(pool)
+            .await
+            .expect("outbox counts");
+    rows.into_iter().collect()
+}
