@@ -43,11 +43,16 @@ CREATE TRIGGER events_no_truncate
 
 CREATE TABLE outbox (
     id                BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- The event this row delivers; the append writes exactly one outbox row per event.
     event_id          UUID        NOT NULL REFERENCES events (event_id),
-    -- Copied from the event so that claiming and routing never need the payload.
+    -- Routing facts and the exact message body, copied from the event when it is written, so that
+    -- claiming and publishing never read `events` (a random lookup per row that cost the relay half
+    -- its claim time) and the relay never re-encodes JSON.
     event_type        TEXT        NOT NULL,
+    event_version     INTEGER     NOT NULL,
     aggregate_id      UUID        NOT NULL,
     aggregate_version BIGINT      NOT NULL,
+    body              TEXT        NOT NULL,
     -- No `processing`: a claim is a row lock held by the relay's short transaction (ARCHITECTURE.md).
     status            TEXT        NOT NULL DEFAULT 'pending'
                       CHECK (status IN ('pending', 'sent', 'failed', 'dead')),
@@ -64,9 +69,10 @@ CREATE TABLE outbox (
     -- The JetStream stream sequence from the PubAck.
     stream_seq        BIGINT,
     -- W3C trace context of the command that wrote the event, forwarded as a NATS header.
-    traceparent       TEXT,
-    CONSTRAINT outbox_event_id_key UNIQUE (event_id)
+    traceparent       TEXT
 );
+
+COMMENT ON COLUMN outbox.body IS 'The NATS message body: the event envelope as JSON, exactly as published.';
 
 -- The claim scans due, unsent rows only: without a partial index it would walk every sent row, and the
 -- relay's rate decays as history grows (DESIGN.md, platform facts).
@@ -87,4 +93,20 @@ CREATE TABLE command_idempotency (
     aggregate_version BIGINT      NOT NULL,
     event_ids         UUID[]      NOT NULL,
     created_at        TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+-- The relay's journal of publishes that may have reached the broker without being settled.
+--
+-- A relay claims rows by locking them in one short transaction, publishes, then marks them in the same
+-- transaction. If it dies in between, PostgreSQL rolls back and releases the locks, and nothing on the
+-- rows says a publish happened. So before publishing, the relay records the batch here in its own,
+-- committed statement; the settling transaction deletes the record (or keeps only the rows whose outcome
+-- is unknown, e.g. an ack that timed out). A record that survives names rows that may already be in the
+-- stream: when they are published again, the relay knows whether that falls outside JetStream's dedupe
+-- window and counts it (`waybill_relay_republished_outside_window_total`).
+CREATE TABLE outbox_inflight (
+    claim_id   UUID        PRIMARY KEY,
+    relay      TEXT        NOT NULL,
+    started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    outbox_ids BIGINT[]    NOT NULL
 );

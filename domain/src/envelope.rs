@@ -96,8 +96,13 @@ impl EventEnvelope {
 
     /// The message body.
     pub fn to_json(&self) -> Vec<u8> {
+        self.to_json_string().into_bytes()
+    }
+
+    /// The message body as text (what the outbox stores and the relay publishes verbatim).
+    pub fn to_json_string(&self) -> String {
         // An envelope of strings, numbers and a `Value` always serializes.
-        serde_json::to_vec(self).unwrap_or_default()
+        serde_json::to_string(self).unwrap_or_default()
     }
 
     /// Upcasts the payload to the current version and decodes it.

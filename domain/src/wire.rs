@@ -28,12 +28,18 @@ pub const DEFAULT_STREAM: &str = "WAYBILL_EVENTS";
 /// The subject for `envelope`: the prefix, the event type's tokens, then the aggregate id as its own
 /// token — e.g. `waybill.events.order.placed.0190…`. Consumers can filter by type or by aggregate.
 pub fn subject(prefix: &str, envelope: &EventEnvelope) -> Result<String, String> {
+    subject_for(prefix, &envelope.event_type, envelope.aggregate_id)
+}
+
+/// [`subject`] from the routing facts alone.
+pub fn subject_for(
+    prefix: &str,
+    event_type: &str,
+    aggregate_id: uuid::Uuid,
+) -> Result<String, String> {
     check_subject_tokens(prefix, "subject prefix")?;
-    check_subject_tokens(&envelope.event_type, "event type")?;
-    Ok(format!(
-        "{prefix}.{}.{}",
-        envelope.event_type, envelope.aggregate_id
-    ))
+    check_subject_tokens(event_type, "event type")?;
+    Ok(format!("{prefix}.{event_type}.{aggregate_id}"))
 }
 
 /// The filter matching every subject under `prefix`.

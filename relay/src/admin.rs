@@ -200,12 +200,12 @@ pub async fn purge_sent(
     }
 }
 
-/// Forgets journal records whose events are all sent: nothing they name can be published again.
+/// Forgets journal records whose rows are all sent (or purged): nothing they name can be published again.
 pub async fn prune_journal(pool: &PgPool) -> sqlx::Result<u64> {
     Ok(sqlx::query(
         "DELETE FROM outbox_inflight j
          WHERE j.started_at < now() - interval '1 minute'
-           AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = ANY(j.event_ids) AND o.status <> 'sent')",
+           AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = ANY(j.outbox_ids) AND o.status <> 'sent')",
     )
     .execute(pool)
     .await?

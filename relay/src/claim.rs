@@ -4,14 +4,14 @@
 //! A row is a head when every earlier version of its aggregate is sent. Row locks, not a `processing`
 //! status, mark the claim: PostgreSQL releases them when the relay's session ends, however it ends.
 
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use domain::EventEnvelope;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-/// One claimed outbox row with the event to publish.
-#[derive(Debug, Clone)]
+/// One claimed outbox row: what to publish and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimedRow {
     /// `outbox.id`.
     pub id: i64,
@@ -21,64 +21,83 @@ pub struct ClaimedRow {
     pub created_at: DateTime<Utc>,
     /// Trace context to forward.
     pub traceparent: Option<String>,
-    /// The event, as stored.
-    pub envelope: EventEnvelope,
+    /// The event's id: the `Nats-Msg-Id`.
+    pub event_id: Uuid,
+    /// E.g. `order.placed`.
+    pub event_type: String,
+    /// The payload version.
+    pub event_version: i32,
+    /// The order.
+    pub aggregate_id: Uuid,
+    /// The order key within the aggregate.
+    pub aggregate_version: i64,
+    /// The message body, published verbatim (shared, not copied, by the publish).
+    pub body: Bytes,
 }
 
 impl ClaimedRow {
     fn from_row(row: &PgRow) -> sqlx::Result<Self> {
         Ok(Self {
-            id: row.try_get("outbox_id")?,
+            id: row.try_get("id")?,
             attempts: row.try_get("attempts")?,
             created_at: row.try_get("created_at")?,
             traceparent: row.try_get("traceparent")?,
-            envelope: store::envelope_from_row(row)?,
+            event_id: row.try_get("event_id")?,
+            event_type: row.try_get("event_type")?,
+            event_version: row.try_get("event_version")?,
+            aggregate_id: row.try_get("aggregate_id")?,
+            aggregate_version: row.try_get("aggregate_version")?,
+            body: Bytes::from(row.try_get::<String, _>("body")?),
         })
     }
 }
 
 /// Locks up to `batch_size` due heads and up to `max_rows` rows in all, oldest due first.
 ///
-/// Heads: unsent (`pending`/`failed`), due, with no unsent earlier version (a `dead` one holds its
-/// aggregate back). Followers: the unsent later versions of the claimed heads' aggregates, whatever
-/// their `next_run_at` — they are published only after their predecessor's PubAck.
+/// Heads: unsent (`pending`/`failed`), due, and the previous version is sent (a `dead` one holds its
+/// aggregate back). Checking only version − 1 is enough — versions are sent in order, so if it is sent
+/// so are all before it — and it is one equality probe into the partial index of unsent rows, where
+/// "any earlier unsent version" walked every unsent row of the aggregate (measured: 380 ms for a
+/// claim of 1000 with 1000 unsent rows). A purged predecessor was sent. Followers: the unsent later
+/// versions of the claimed heads' aggregates, whatever their `next_run_at` — they are published only
+/// after their predecessor's PubAck. `status <> 'sent'` is spelled out so the planner can use the
+/// partial index, whose predicate it is. Both parts return their columns directly: no second lookup.
 pub async fn claim(
     tx: &mut PgConnection,
     batch_size: i64,
     max_rows: i64,
 ) -> sqlx::Result<Vec<ClaimedRow>> {
-    let rows = sqlx::query(concat!(
+    let rows = sqlx::query(
         "WITH heads AS (
-            SELECT o.id, o.aggregate_id, o.aggregate_version
+            SELECT o.id, o.attempts, o.created_at, o.traceparent, o.event_id, o.event_type,
+                   o.event_version, o.aggregate_id, o.aggregate_version, o.body
             FROM outbox o
             WHERE o.status IN ('pending', 'failed')
               AND o.next_run_at <= now()
               AND NOT EXISTS (
                   SELECT 1 FROM outbox p
                   WHERE p.aggregate_id = o.aggregate_id
-                    AND p.aggregate_version < o.aggregate_version
+                    AND p.aggregate_version = o.aggregate_version - 1
                     AND p.status <> 'sent')
             ORDER BY o.next_run_at, o.id
             LIMIT $1
             FOR UPDATE OF o SKIP LOCKED
         ),
         followers AS (
-            SELECT f.id
+            SELECT f.id, f.attempts, f.created_at, f.traceparent, f.event_id, f.event_type,
+                   f.event_version, f.aggregate_id, f.aggregate_version, f.body
             FROM outbox f
             JOIN heads h ON f.aggregate_id = h.aggregate_id AND f.aggregate_version > h.aggregate_version
-            WHERE f.status IN ('pending', 'failed')
+            WHERE f.status <> 'sent' AND f.status IN ('pending', 'failed')
             ORDER BY f.aggregate_id, f.aggregate_version
             LIMIT greatest($2 - (SELECT count(*) FROM heads), 0)
             FOR UPDATE OF f SKIP LOCKED
         )
-        SELECT o.id AS outbox_id, o.attempts, o.created_at, o.traceparent, ",
-        store::envelope_columns!("e."),
-        "
-        FROM outbox o
-        JOIN events e ON e.event_id = o.event_id
-        WHERE o.id IN (SELECT id FROM heads UNION ALL SELECT id FROM followers)
-        ORDER BY o.aggregate_id, o.aggregate_version"
-    ))
+        SELECT * FROM heads
+        UNION ALL
+        SELECT * FROM followers
+        ORDER BY aggregate_id, aggregate_version",
+    )
     .bind(batch_size)
     .bind(max_rows)
     .fetch_all(tx)
@@ -97,9 +116,9 @@ pub fn into_runs(rows: Vec<ClaimedRow>) -> (Vec<Vec<ClaimedRow>>, usize) {
     let mut left_out = 0;
     for row in rows {
         match runs.last_mut() {
-            Some(run) if run[0].envelope.aggregate_id == row.envelope.aggregate_id => {
-                let next = run.last().map_or(0, |r| r.envelope.aggregate_version) + 1;
-                if !closed && row.envelope.aggregate_version == next {
+            Some(run) if run[0].aggregate_id == row.aggregate_id => {
+                let next = run.last().map_or(0, |r| r.aggregate_version) + 1;
+                if !closed && row.aggregate_version == next {
                     run.push(row);
                 } else {
                     closed = true;
@@ -115,15 +134,14 @@ pub fn into_runs(rows: Vec<ClaimedRow>) -> (Vec<Vec<ClaimedRow>>, usize) {
     (runs, left_out)
 }
 
-/// The ids of the events in `runs`.
-pub fn event_ids(runs: &[Vec<ClaimedRow>]) -> Vec<Uuid> {
-    runs.iter().flatten().map(|r| r.envelope.event_id).collect()
+/// The outbox ids in `runs`.
+pub fn row_ids(runs: &[Vec<ClaimedRow>]) -> Vec<i64> {
+    runs.iter().flatten().map(|r| r.id).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn row(aggregate: u128, version: i64) -> ClaimedRow {
         ClaimedRow {
@@ -131,18 +149,12 @@ mod tests {
             attempts: 0,
             created_at: Utc::now(),
             traceparent: None,
-            envelope: EventEnvelope {
-                event_id: Uuid::now_v7(),
-                event_type: "order.paid".into(),
-                event_version: 1,
-                aggregate_type: "order".into(),
-                aggregate_id: Uuid::from_u128(aggregate),
-                aggregate_version: version,
-                occurred_at: Utc::now(),
-                correlation_id: None,
-                causation_id: None,
-                payload: json!({}),
-            },
+            event_id: Uuid::now_v7(),
+            event_type: "order.paid".into(),
+            event_version: 1,
+            aggregate_id: Uuid::from_u128(aggregate),
+            aggregate_version: version,
+            body: Bytes::from_static(b"{}"),
         }
     }
 
@@ -152,7 +164,7 @@ mod tests {
             into_runs(vec![row(1, 1), row(1, 2), row(1, 3), row(2, 5), row(2, 6)]);
         let shape: Vec<Vec<i64>> = runs
             .iter()
-            .map(|r| r.iter().map(|x| x.envelope.aggregate_version).collect())
+            .map(|r| r.iter().map(|x| x.aggregate_version).collect())
             .collect();
         assert_eq!(shape, vec![vec![1, 2, 3], vec![5, 6]]);
         assert_eq!(left_out, 0);
@@ -163,7 +175,7 @@ mod tests {
         let (runs, left_out) = into_runs(vec![row(1, 1), row(1, 3), row(1, 4), row(2, 1)]);
         let shape: Vec<Vec<i64>> = runs
             .iter()
-            .map(|r| r.iter().map(|x| x.envelope.aggregate_version).collect())
+            .map(|r| r.iter().map(|x| x.aggregate_version).collect())
             .collect();
         assert_eq!(shape, vec![vec![1], vec![1]]);
         assert_eq!(

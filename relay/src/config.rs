@@ -50,6 +50,8 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     /// PostgreSQL ends a claim transaction left idle this long (a hung relay), releasing its rows.
     pub claim_idle_timeout: Duration,
+    /// Steps run at once by [`crate::Relay::run`] and [`crate::Relay::drain`].
+    pub lanes: usize,
     /// Deliberate publish failures, for tests and benchmarks only (none by default).
     pub faults: PublishFaults,
 }
@@ -78,6 +80,7 @@ impl Default for RelayConfig {
             step_deadline: Duration::from_secs(10),
             poll_interval: Duration::from_secs(1),
             claim_idle_timeout: Duration::from_secs(30),
+            lanes: 2,
             faults: PublishFaults::default(),
         }
     }

@@ -10,6 +10,11 @@ use clap::{Args, Parser, Subcommand};
 use relay::cli::{OutboxCommand, run_outbox};
 use relay::{Backoff, FailPoint, Relay, RelayConfig, StreamSettings};
 
+// The relay allocates and frees many small buffers per message (headers, subjects, acks); glibc's
+// allocator spent a fifth of the relay's CPU on them (measured with perf), mimalloc much less.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// waybill-relay: publishes the transactional outbox to NATS JetStream.
 ///
 /// Each step claims a batch of outbox rows by locking them (FOR UPDATE SKIP LOCKED) in one short
@@ -105,6 +110,11 @@ struct RunArgs {
     #[arg(long, default_value_t = 4096)]
     max_in_flight: usize,
 
+    /// Steps in progress at once, each its own claim transaction: one lane's database work overlaps
+    /// another's publishing.
+    #[arg(long, default_value_t = 2)]
+    lanes: usize,
+
     /// Failed publishes before a row is dead.
     #[arg(long, default_value_t = 12)]
     max_attempts: i32,
@@ -134,7 +144,7 @@ struct RunArgs {
     crash_after_publish: bool,
 }
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     ops::init_logging("info,sqlx=warn,async_nats=warn");
     let cli = Cli::parse();
@@ -200,6 +210,7 @@ async fn relay_run(
         batch_size: args.batch_size.max(1),
         max_rows: args.max_rows.max(args.batch_size),
         max_in_flight: args.max_in_flight.max(1),
+        lanes: args.lanes.max(1),
         max_attempts: args.max_attempts.max(1),
         backoff: Backoff::new(args.backoff, 0.2),
         publish_timeout: args.publish_timeout,

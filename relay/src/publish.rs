@@ -14,7 +14,6 @@ use async_nats::connection::State;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self};
-use bytes::Bytes;
 use domain::wire;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -124,14 +123,13 @@ async fn publish_one(
     row: &ClaimedRow,
     faults: PublishFaults,
 ) -> Outcome {
-    let envelope = &row.envelope;
     if faults.before_send > 0.0 && rand::random_bool(faults.before_send.min(1.0)) {
         return Outcome::Failed {
             error: "injected fault: not sent".into(),
             ambiguous: false,
         };
     }
-    let subject = match wire::subject(prefix, envelope) {
+    let subject = match wire::subject_for(prefix, &row.event_type, row.aggregate_id) {
         Ok(subject) => subject,
         Err(error) => {
             return Outcome::Failed {
@@ -141,7 +139,7 @@ async fn publish_one(
         }
     };
     let message = PublishMessage::build()
-        .payload(Bytes::from(envelope.to_json()))
+        .payload(row.body.clone())
         .headers(headers(row));
     let started = Instant::now();
     let ack = match jetstream.send_publish(subject, message).await {
@@ -174,24 +172,15 @@ async fn publish_one(
 
 /// The routing facts as headers, so consumers can route without parsing the body.
 fn headers(row: &ClaimedRow) -> HeaderMap {
-    let envelope = &row.envelope;
     let mut headers = HeaderMap::new();
-    headers.insert(wire::MSG_ID, envelope.event_id.to_string().as_str());
-    headers.insert(wire::EVENT_TYPE, envelope.event_type.as_str());
-    headers.insert(
-        wire::EVENT_VERSION,
-        envelope.event_version.to_string().as_str(),
-    );
-    headers.insert(wire::AGGREGATE_TYPE, envelope.aggregate_type.as_str());
-    headers.insert(
-        wire::AGGREGATE_ID,
-        envelope.aggregate_id.to_string().as_str(),
-    );
+    headers.insert(wire::MSG_ID, row.event_id.to_string().as_str());
+    headers.insert(wire::EVENT_TYPE, row.event_type.as_str());
+    headers.insert(wire::EVENT_VERSION, row.event_version.to_string().as_str());
+    headers.insert(wire::AGGREGATE_ID, row.aggregate_id.to_string().as_str());
     headers.insert(
         wire::AGGREGATE_VERSION,
-        envelope.aggregate_version.to_string().as_str(),
+        row.aggregate_version.to_string().as_str(),
     );
-    headers.insert(wire::CONTENT_TYPE, "application/json");
     if let Some(traceparent) = &row.traceparent {
         headers.insert(wire::TRACEPARENT, traceparent.as_str());
     }

@@ -2,8 +2,8 @@
 //! polling backstop, stop gracefully when asked.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -55,6 +55,18 @@ pub struct RunSummary {
 }
 
 impl RunSummary {
+    fn merge(&mut self, other: &RunSummary) {
+        self.steps += other.steps;
+        self.claimed += other.claimed;
+        self.published += other.published;
+        self.duplicates += other.duplicates;
+        self.failed += other.failed;
+        self.dead += other.dead;
+        self.marked_sent += other.marked_sent;
+        self.republished_outside_window += other.republished_outside_window;
+        self.step_errors += other.step_errors;
+    }
+
     fn add(&mut self, r: &StepReport) {
         self.steps += u64::from(r.claimed > 0);
         self.claimed += r.claimed as u64;
@@ -79,14 +91,21 @@ impl Relay {
         let pool = store::connect_with(
             database_url,
             &config.relay_id,
-            4,
-            &[("idle_in_transaction_session_timeout", idle)],
+            // Per lane: the claim transaction and the journal insert; plus the gauges.
+            2 * config.lanes.max(1) as u32 + 2,
+            &[
+                ("idle_in_transaction_session_timeout", idle),
+                // A lost mark (PostgreSQL crashing within ~0.6 s of the commit) only means the rows are
+                // published again and JetStream drops the duplicates; waiting for the WAL flush on
+                // every step would buy nothing. The events themselves are written with synchronous
+                // commit by the command side.
+                ("synchronous_commit", "off".to_owned()),
+            ],
         )
         .await
         .context("connecting to PostgreSQL")?;
         let client = async_nats::ConnectOptions::new()
             .name(&config.relay_id)
-            .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(5))
             .connect(nats_url)
             .await
@@ -154,8 +173,17 @@ impl Relay {
         .await
     }
 
-    /// Steps until nothing is claimable, then returns (`run --once`).
+    /// Steps until nothing is claimable, then returns (`run --once`). Every lane drains in parallel.
     pub async fn drain(&self) -> Result<RunSummary, StepError> {
+        let lanes = (0..self.config.lanes.max(1)).map(|_| self.drain_lane());
+        let mut summary = RunSummary::default();
+        for lane in futures::future::join_all(lanes).await {
+            summary.merge(&lane?);
+        }
+        Ok(summary)
+    }
+
+    async fn drain_lane(&self) -> Result<RunSummary, StepError> {
         let mut summary = RunSummary::default();
         loop {
             let report = self.step().await?;
@@ -170,72 +198,94 @@ impl Relay {
     /// waits for a notification from a writer or the polling backstop. On shutdown no new claim is
     /// made, the step in flight stops starting publishes, settles what was acknowledged and commits;
     /// its unpublished rows go back with the released locks.
+    ///
+    /// `config.lanes` steps run at once, each its own claim transaction, so one lane's database work
+    /// overlaps another's publishing (they never share a row: the claim skips locked rows, and the
+    /// head rule keeps an aggregate in one lane until its predecessor is sent).
     pub async fn run(&self, shutdown: impl Future<Output = ()> + Send + 'static) -> RunSummary {
         metrics::describe();
-        let wake = Arc::new(Notify::new());
+        let wakes: Vec<Arc<Notify>> = (0..self.config.lanes.max(1))
+            .map(|_| Arc::new(Notify::new()))
+            .collect();
         let stopper = {
-            let (stopping, wake) = (self.stopping.clone(), wake.clone());
+            let (stopping, wakes) = (self.stopping.clone(), wakes.clone());
             tokio::spawn(async move {
                 shutdown.await;
                 stopping.store(true, Ordering::Relaxed);
-                wake.notify_one();
+                wakes.iter().for_each(|w| w.notify_one());
             })
         };
-        let listener = tokio::spawn(listen(self.pool.clone(), wake.clone()));
+        let listener = tokio::spawn(listen(self.pool.clone(), wakes.clone()));
         let gauges = tokio::spawn(refresh_gauges(self.pool.clone()));
+        let totals = Arc::new(Mutex::new(RunSummary::default()));
+        let lanes = wakes
+            .iter()
+            .enumerate()
+            .map(|(lane, wake)| self.lane(lane, wake, &totals));
+        futures::future::join_all(lanes).await;
+        listener.abort();
+        gauges.abort();
+        stopper.abort();
+        let summary = totals.lock().map(|s| s.clone()).unwrap_or_default();
+        tracing::info!(?summary, "relay stopped");
+        summary
+    }
 
-        let mut summary = RunSummary::default();
+    /// One lane of [`Relay::run`]: the step loop.
+    async fn lane(&self, lane: usize, wake: &Notify, totals: &Mutex<RunSummary>) {
         let mut progress = Progress::new();
         let mut errors_in_a_row = 0u32;
         let mut nats_down_since: Option<Instant> = None;
         while !self.stopping.load(Ordering::Relaxed) {
             // While NATS is unreachable nothing is claimed: publishing would only burn attempts.
             if self.client.connection_state() != State::Connected {
-                if nats_down_since.is_none() {
+                if nats_down_since.is_none() && lane == 0 {
                     tracing::warn!("NATS is disconnected; not claiming until it is back");
-                    nats_down_since = Some(Instant::now());
                 }
-                self.idle(&wake, self.config.poll_interval).await;
+                nats_down_since.get_or_insert_with(Instant::now);
+                self.idle(wake, self.config.poll_interval).await;
                 continue;
             }
-            if let Some(since) = nats_down_since.take() {
+            if let Some(since) = nats_down_since.take()
+                && lane == 0
+            {
                 tracing::info!(after = ?since.elapsed(), "NATS is back; resuming");
             }
-            let pause = match self.step().await {
+            let result = self.step().await;
+            let report = match &result {
+                Ok(report) => report.clone(),
+                // A failed settle published without marking: count what it did, mark nothing.
+                Err(StepError::Settle(_, report)) => StepReport {
+                    marked_sent: 0,
+                    ..(**report).clone()
+                },
+                Err(StepError::Claim(_)) => StepReport::default(),
+            };
+            if let Ok(mut totals) = totals.lock() {
+                totals.add(&report);
+                totals.step_errors += u64::from(result.is_err());
+                if lane == 0 {
+                    progress.tick(&totals);
+                }
+            }
+            let pause = match result {
                 Ok(report) => {
                     errors_in_a_row = 0;
-                    summary.add(&report);
-                    if report.claimed > 0 {
-                        tracing::debug!(?report, "step");
-                    }
-                    progress.tick(&summary);
                     if report.was_full(&self.config) {
                         continue;
                     }
                     self.config.poll_interval
                 }
                 Err(error) => {
-                    summary.step_errors += 1;
                     errors_in_a_row += 1;
-                    if let StepError::Settle(_, report) = &error {
-                        summary.add(&StepReport {
-                            marked_sent: 0,
-                            ..(**report).clone()
-                        });
-                    }
-                    tracing::error!(error = %error_chain(&error), "relay step failed");
+                    tracing::error!(lane, error = %error_chain(&error), "relay step failed");
                     // Back off on repeated errors (database down), up to 30 s.
                     (self.config.poll_interval * 2u32.saturating_pow(errors_in_a_row.min(5)))
                         .min(Duration::from_secs(30))
                 }
             };
-            self.idle(&wake, pause).await;
+            self.idle(wake, pause).await;
         }
-        listener.abort();
-        gauges.abort();
-        stopper.abort();
-        tracing::info!(?summary, "relay stopped");
-        summary
     }
 
     async fn idle(&self, wake: &Notify, pause: Duration) {
@@ -258,7 +308,8 @@ impl Relay {
 
 /// Wakes the loop on every outbox notification; on a lost connection, wakes it too (notifications
 /// may have been missed) and reconnects.
-async fn listen(pool: PgPool, wake: Arc<Notify>) {
+async fn listen(pool: PgPool, wakes: Vec<Arc<Notify>>) {
+    let wake_all = || wakes.iter().for_each(|w| w.notify_one());
     loop {
         match PgListener::connect_with(&pool).await {
             Ok(mut listener) => {
@@ -267,10 +318,10 @@ async fn listen(pool: PgPool, wake: Arc<Notify>) {
                 } else {
                     loop {
                         match listener.try_recv().await {
-                            Ok(Some(_)) => wake.notify_one(),
+                            Ok(Some(_)) => wake_all(),
                             Ok(None) => {
                                 tracing::debug!("notification connection lost; reconnecting");
-                                wake.notify_one();
+                                wake_all();
                             }
                             Err(error) => {
                                 tracing::warn!(%error, "notification listener failed; relying on polling");
@@ -296,7 +347,7 @@ async fn refresh_gauges(pool: PgPool) {
             Ok(status) => metrics::record_status(&status),
             Err(error) => tracing::debug!(%error, "cannot read the outbox status"),
         }
-        if ticks % 12 == 0
+        if ticks.is_multiple_of(12)
             && let Err(error) = admin::prune_journal(&pool).await
         {
             tracing::debug!(%error, "cannot prune the publish journal");

@@ -20,8 +20,8 @@ pub struct Settlement {
     /// Later versions behind a failed row: id and the delay of the row they wait for (`None`: its head
     /// is dead, they wait until it is replayed).
     pub held: Vec<(i64, Option<f64>)>,
-    /// Events whose publish outcome is unknown: they stay in the journal.
-    pub ambiguous: Vec<Uuid>,
+    /// Rows whose publish outcome is unknown: they stay in the journal.
+    pub ambiguous: Vec<i64>,
 }
 
 /// What the settle statement changed.
@@ -94,10 +94,10 @@ pub async fn settle(
             RETURNING 1
         ),
         journal_closed AS (
-            DELETE FROM outbox_inflight WHERE claim_id = $11 AND cardinality($12::uuid[]) = 0
+            DELETE FROM outbox_inflight WHERE claim_id = $11 AND cardinality($12::int8[]) = 0
         ),
         journal_kept AS (
-            UPDATE outbox_inflight SET event_ids = $12 WHERE claim_id = $11 AND cardinality($12::uuid[]) > 0
+            UPDATE outbox_inflight SET outbox_ids = $12 WHERE claim_id = $11 AND cardinality($12::int8[]) > 0
         )
         SELECT (SELECT count(*) FROM sent) AS sent,
                (SELECT count(*) FROM failed) AS failed,

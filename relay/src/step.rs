@@ -11,7 +11,7 @@ use serde::Serialize;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use crate::claim::{ClaimedRow, claim, event_ids, into_runs};
+use crate::claim::{ClaimedRow, claim, into_runs, row_ids};
 use crate::config::RelayConfig;
 use crate::metrics;
 use crate::publish::{Outcome, publish_runs};
@@ -92,6 +92,7 @@ pub async fn step(
     stopping: &Arc<AtomicBool>,
     fail_point: &FailPoint,
 ) -> Result<StepReport, StepError> {
+    let started = Instant::now();
     let mut tx = pool.begin().await.map_err(StepError::Claim)?;
     let claimed_at = Utc::now();
     let rows = claim(&mut tx, config.batch_size, config.max_rows)
@@ -101,6 +102,7 @@ pub async fn step(
         return Ok(StepReport::default());
     }
     let claimed = rows.len();
+    let lock_time = started.elapsed();
     let (runs, left_out) = into_runs(rows);
     let mut report = StepReport {
         claimed,
@@ -109,10 +111,16 @@ pub async fn step(
         ..StepReport::default()
     };
     let claim_id = Uuid::now_v7();
-    let maybe_published = journal(pool, claim_id, &config.relay_id, &event_ids(&runs))
-        .await
-        .map_err(StepError::Claim)?;
-    tracing::debug!(claimed, heads = runs.len(), %claim_id, "claimed");
+    let maybe_published = journal(
+        pool,
+        claim_id,
+        &config.relay_id,
+        &row_ids(&runs),
+        config.stream.duplicate_window,
+    )
+    .await
+    .map_err(StepError::Claim)?;
+    let claim_time = started.elapsed();
 
     let deadline = Instant::now() + config.effective_step_deadline();
     let outcomes = publish_runs(
@@ -126,6 +134,7 @@ pub async fn step(
     )
     .await;
     let settlement = assess(&runs, &outcomes, &maybe_published, config, &mut report);
+    let publish_time = started.elapsed() - claim_time;
 
     match fail_point {
         FailPoint::None => {}
@@ -160,6 +169,17 @@ pub async fn step(
     }
     report.marked_sent = settled.sent as usize;
     metrics::record_step(&report);
+    tracing::debug!(
+        %claim_id,
+        claimed,
+        published = report.published,
+        failed = report.failed,
+        lock_ms = lock_time.as_millis() as u64,
+        claim_ms = claim_time.as_millis() as u64,
+        publish_ms = publish_time.as_millis() as u64,
+        settle_ms = (started.elapsed() - claim_time - publish_time).as_millis() as u64,
+        "step settled"
+    );
     Ok(report)
 }
 
@@ -167,7 +187,7 @@ pub async fn step(
 fn assess(
     runs: &[Vec<ClaimedRow>],
     outcomes: &[Vec<Outcome>],
-    maybe_published: &HashMap<Uuid, DateTime<Utc>>,
+    maybe_published: &HashMap<i64, DateTime<Utc>>,
     config: &RelayConfig,
     report: &mut StepReport,
 ) -> Settlement {
@@ -193,13 +213,13 @@ fn assess(
                         .push((row.id, i64::try_from(*sequence).unwrap_or(i64::MAX)));
                     let commit_to_ack = (now - row.created_at).to_std().unwrap_or_default();
                     metrics::record_ack(*latency, commit_to_ack.max(*latency));
-                    if let Some(earlier) = maybe_published.get(&row.envelope.event_id)
+                    if let Some(earlier) = maybe_published.get(&row.id)
                         && !duplicate
                         && now - *earlier > window
                     {
                         report.republished_outside_window += 1;
                         tracing::warn!(
-                            event_id = %row.envelope.event_id,
+                            event_id = %row.event_id,
                             first_attempt = %earlier,
                             "republished outside the dedupe window: consumers may receive it twice"
                         );
@@ -216,15 +236,15 @@ fn assess(
                         error.clone(),
                     );
                     if *ambiguous {
-                        settlement.ambiguous.push(row.envelope.event_id);
+                        settlement.ambiguous.push(row.id);
                     }
                     if dead {
                         report.dead += 1;
-                        tracing::error!(event_id = %row.envelope.event_id, attempts = failures, %error, "outbox row is dead");
+                        tracing::error!(event_id = %row.event_id, attempts = failures, %error, "outbox row is dead");
                         blocked_by = Some(None);
                     } else {
                         report.failed += 1;
-                        tracing::warn!(event_id = %row.envelope.event_id, attempts = failures, retry_in = ?delay, %error, "publish failed");
+                        tracing::warn!(event_id = %row.event_id, attempts = failures, retry_in = ?delay, %error, "publish failed");
                         blocked_by = Some(Some(delay.as_secs_f64()));
                     }
                 }
@@ -241,29 +261,36 @@ fn assess(
     settlement
 }
 
-/// Records the batch as possibly published (committed before any publish) and returns, for the events
-/// an earlier unsettled step may already have published, when that step started.
+/// Records the batch as possibly published (committed before any publish) and returns, for the rows
+/// an unsettled step may already have published more than `window` ago, when that step started.
+///
+/// Only records older than the dedupe window are searched: a younger one's publishes are still
+/// deduplicated by JetStream, and skipping them keeps the array comparison off the hot path (live
+/// steps' records are always younger).
 async fn journal(
     pool: &PgPool,
     claim_id: Uuid,
     relay_id: &str,
-    event_ids: &[Uuid],
-) -> sqlx::Result<HashMap<Uuid, DateTime<Utc>>> {
+    outbox_ids: &[i64],
+    window: std::time::Duration,
+) -> sqlx::Result<HashMap<i64, DateTime<Utc>>> {
     let rows = sqlx::query(
         "WITH recorded AS (
-            INSERT INTO outbox_inflight (claim_id, relay, event_ids) VALUES ($1, $2, $3)
+            INSERT INTO outbox_inflight (claim_id, relay, outbox_ids) VALUES ($1, $2, $3)
         )
-        SELECT e.id AS event_id, min(j.started_at) AS started_at
-        FROM outbox_inflight j CROSS JOIN LATERAL unnest(j.event_ids) AS e(id)
-        WHERE j.event_ids && $3 AND e.id = ANY($3)
-        GROUP BY e.id",
+        SELECT r.id AS outbox_id, min(j.started_at) AS started_at
+        FROM outbox_inflight j CROSS JOIN LATERAL unnest(j.outbox_ids) AS r(id)
+        WHERE j.started_at < now() - $4 * interval '1 second'
+          AND j.outbox_ids && $3 AND r.id = ANY($3)
+        GROUP BY r.id",
     )
     .bind(claim_id)
     .bind(relay_id)
-    .bind(event_ids)
+    .bind(outbox_ids)
+    .bind(window.as_secs_f64())
     .fetch_all(pool)
     .await?;
     rows.iter()
-        .map(|r| Ok((r.try_get("event_id")?, r.try_get("started_at")?)))
+        .map(|r| Ok((r.try_get("outbox_id")?, r.try_get("started_at")?)))
         .collect()
 }

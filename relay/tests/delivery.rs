@@ -566,3 +566,30 @@ async fn a_stream_with_the_wrong_settings_is_refused_then_updated_on_request(poo
     assert_eq!(info.config.duplicate_window, Duration::from_secs(120));
     relay.provision(false).await.expect("now it matches");
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_republish_after_the_dedupe_window_is_counted(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
+    let mut config = h.config("relay-a");
+    config.stream.duplicate_window = Duration::from_secs(1);
+    let relay = h.relay(config).await;
+    let crashed = relay
+        .clone()
+        .with_fail_point(FailPoint::AbandonAfterPublish);
+    assert!(crashed.step().await.expect("step").simulated_crash);
+
+    // The retry comes after JetStream has forgotten the event id.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let report = relay.step().await.expect("step");
+    assert_eq!((report.published, report.duplicates), (1, 0));
+    assert_eq!(
+        report.republished_outside_window, 1,
+        "the journal knew of the first publish"
+    );
+    assert_eq!(
+        h.stream().await.len(),
+        2,
+        "a second copy reached the stream: consumers must dedupe"
+    );
+}

@@ -134,21 +134,33 @@ async fn insert_events(
     events: &[EventEnvelope],
     options: &AppendOptions,
 ) -> sqlx::Result<u64> {
-    // One statement, one round trip: a data-modifying CTE writes the events and feeds their outbox
-    // rows. The WHERE guard refuses a batch whose expected version does not exist yet (which would
-    // leave a gap); the unique (aggregate_id, aggregate_version) refuses one that is already taken.
+    // One statement, one round trip: a data-modifying CTE writes the events and their outbox rows
+    // (with the message body the relay will publish). The WHERE guard refuses a batch whose expected
+    // version does not exist yet (which would leave a gap); the unique (aggregate_id,
+    // aggregate_version) refuses one that is already taken.
     let done = sqlx::query(
-        "WITH new_events AS (
-            INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
-                                aggregate_version, occurred_at, correlation_id, causation_id, payload)
+        "WITH input AS (
             SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::uuid[],
-                                 $6::int8[], $7::timestamptz[], $8::uuid[], $9::uuid[], $10::jsonb[])
+                                 $6::int8[], $7::timestamptz[], $8::uuid[], $9::uuid[], $10::jsonb[],
+                                 $14::text[])
+                AS t(event_id, event_type, event_version, aggregate_type, aggregate_id,
+                     aggregate_version, occurred_at, correlation_id, causation_id, payload, body)
             WHERE $11::int8 = 0
                OR EXISTS (SELECT 1 FROM events WHERE aggregate_id = $12 AND aggregate_version = $11)
-            RETURNING event_id, event_type, aggregate_id, aggregate_version
+        ),
+        new_events AS (
+            INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
+                                aggregate_version, occurred_at, correlation_id, causation_id, payload)
+            SELECT event_id, event_type, event_version, aggregate_type, aggregate_id,
+                   aggregate_version, occurred_at, correlation_id, causation_id, payload
+            FROM input
+            RETURNING event_id
         )
-        INSERT INTO outbox (event_id, event_type, aggregate_id, aggregate_version, traceparent)
-        SELECT event_id, event_type, aggregate_id, aggregate_version, $13 FROM new_events",
+        INSERT INTO outbox (event_id, event_type, event_version, aggregate_id, aggregate_version,
+                            body, traceparent)
+        SELECT i.event_id, i.event_type, i.event_version, i.aggregate_id, i.aggregate_version,
+               i.body, $13
+        FROM input i JOIN new_events USING (event_id)",
     )
     .bind(events.iter().map(|e| e.event_id).collect::<Vec<_>>())
     .bind(events.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>())
@@ -163,6 +175,7 @@ async fn insert_events(
     .bind(expected_version)
     .bind(aggregate_id)
     .bind(options.traceparent.as_deref())
+    .bind(events.iter().map(EventEnvelope::to_json_string).collect::<Vec<_>>())
     .execute(db)
     .await?;
     Ok(done.rows_affected())
@@ -212,7 +225,7 @@ async fn classify(
         Some("events_aggregate_version_key") => {
             conflict(pool, aggregate_id, expected_version).await
         }
-        Some("events_event_id_key") | Some("outbox_event_id_key") => AppendError::DuplicateEventId,
+        Some("events_event_id_key") => AppendError::DuplicateEventId,
         _ => AppendError::Database(err),
     }
 }

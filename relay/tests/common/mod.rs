@@ -118,10 +118,16 @@ pub async fn seed(pool: &PgPool, aggregates: i64, versions: i64) {
                                 aggregate_version, occurred_at, payload)
             SELECT event_id, event_type, event_version, 'order', aggregate_id, aggregate_version, now(), payload
             FROM rows
-            RETURNING event_id, event_type, aggregate_id, aggregate_version, position
+            RETURNING *
         )
-        INSERT INTO outbox (event_id, event_type, aggregate_id, aggregate_version)
-        SELECT event_id, event_type, aggregate_id, aggregate_version FROM ev ORDER BY position",
+        INSERT INTO outbox (event_id, event_type, event_version, aggregate_id, aggregate_version, body)
+        SELECT event_id, event_type, event_version, aggregate_id, aggregate_version,
+               jsonb_build_object('event_id', event_id, 'event_type', event_type,
+                   'event_version', event_version, 'aggregate_type', 'order',
+                   'aggregate_id', aggregate_id, 'aggregate_version', aggregate_version,
+                   'occurred_at', occurred_at, 'correlation_id', null, 'causation_id', null,
+                   'payload', payload)::text
+        FROM ev ORDER BY position",
     )
     .bind(aggregates)
     .bind(versions)

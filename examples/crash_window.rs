@@ -1,0 +1,175 @@
+//! The crash window, end to end: `cargo run -p relay --example crash_window`
+//!
+//! Reproduces the seed article's scenario on real services. An order is created; the first relay
+//! claims its outbox row, publishes it, gets the PubAck — and "crashes" before marking it sent. Then a
+//! second relay pass runs. The outbox promises at-least-once, so the event is published twice; JetStream
+//! drops the second copy because the `Nats-Msg-Id` is the event id.
+//!
+//! Reads the server from `DATABASE_URL` (default `postgres://127.0.0.1:5432/...`) and uses its own
+//! database `waybill_example_crash_window` there, and `NATS_URL` (default `nats://127.0.0.1:4222`) with
+//! its own stream `CRASH_WINDOW`; both are recreated on every run, so nothing else is touched.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream;
+use relay::{FailPoint, Relay, RelayConfig, StreamSettings};
+use store::{CommandContext, EventStore};
+
+const STREAM: &str = "CRASH_WINDOW";
+const PREFIX: &str = "crashwindow.events";
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let server_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://127.0.0.1:5432/waybill".to_owned());
+    let (server, _) = server_url
+        .rsplit_once('/')
+        .context("DATABASE_URL has no database path")?;
+    let database_url = format!("{server}/waybill_example_crash_window");
+    let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+
+    let admin = store::connect(&format!("{server}/postgres"), "crash-window-example", 1).await?;
+    sqlx::query("DROP DATABASE IF EXISTS waybill_example_crash_window WITH (FORCE)")
+        .execute(&admin)
+        .await?;
+    admin.close().await;
+    store::ensure_database(&database_url)
+        .await
+        .context("creating the database")?;
+    let pool = store::connect(&database_url, "crash-window-example", 4).await?;
+    store::migrate(&pool).await?;
+    let nats = async_nats::connect(&nats_url)
+        .await
+        .context("connecting to NATS")?;
+    let js = jetstream::new(nats);
+    let _ = js.delete_stream(STREAM).await; // a clean stream every run
+
+    // 1. A command writes the order and its outbox row in one transaction. Nothing is published.
+    let store = EventStore::new(pool.clone());
+    let order_id = domain::OrderId::from_uuid(uuid::Uuid::now_v7());
+    let placed = store
+        .execute(order_id, &place_command()?, &CommandContext::default())
+        .await?;
+    let event_id = placed.event_ids[0];
+    let outbox_id: i64 = sqlx::query_scalar("SELECT id FROM outbox WHERE event_id = $1")
+        .bind(event_id)
+        .fetch_one(&pool)
+        .await?;
+    println!("order_id={order_id} event_id={event_id} outbox_message_id={outbox_id}");
+
+    let config = RelayConfig {
+        stream: StreamSettings {
+            name: STREAM.into(),
+            subject_prefix: PREFIX.into(),
+            duplicate_window: Duration::from_secs(120),
+        },
+        batch_size: 1,
+        publish_timeout: Duration::from_secs(5),
+        ..RelayConfig::default()
+    };
+
+    // 2. The first relay publishes, receives the PubAck, and dies before marking the row sent.
+    let first = Relay::connect(
+        &database_url,
+        &nats_url,
+        RelayConfig {
+            relay_id: "first_relay".into(),
+            ..config.clone()
+        },
+    )
+    .await?
+    .with_fail_point(FailPoint::AbandonAfterPublish);
+    first.provision(false).await?;
+    let crash = first.step().await?;
+    println!(
+        "first_relay claimed={} published={} marked_sent={} simulated_crash={}",
+        crash.claimed, crash.published, crash.marked_sent, crash.simulated_crash
+    );
+    let status = row_status(&pool, outbox_id).await?;
+    let in_stream = stream_copies(&js, event_id).await?;
+    println!(
+        "published_after_crash={} stream_messages_for_event={in_stream} outbox_status={status}",
+        crash.published
+    );
+
+    // 3. Recovery: there is nothing to sweep. The claim was a row lock held by the crashed relay's
+    //    transaction; PostgreSQL rolled it back and released the lock when the session ended.
+    println!(
+        "recovered_processing=0 (no lease to expire: the row lock went with the session; the row is {status})"
+    );
+
+    // 4. The second relay pass publishes again. JetStream recognises the Nats-Msg-Id.
+    let second = Relay::connect(
+        &database_url,
+        &nats_url,
+        RelayConfig {
+            relay_id: "second_relay".into(),
+            ..config
+        },
+    )
+    .await?;
+    let retry = second.step().await?;
+    println!(
+        "second_relay claimed={} published={} duplicate_acks={} marked_sent={}",
+        retry.claimed, retry.published, retry.duplicates, retry.marked_sent
+    );
+    let publishes = crash.published + retry.published;
+    let in_stream = stream_copies(&js, event_id).await?;
+    let status = row_status(&pool, outbox_id).await?;
+    println!(
+        "published_after_retry={publishes} stream_messages_for_event={in_stream} outbox_status={status}"
+    );
+    println!(
+        "=> at-least-once: the event was published {publishes} times; JetStream stored it {in_stream} time(s) \
+         because the second PubAck was a duplicate ({}).",
+        if retry.duplicates == 1 {
+            "duplicate=true"
+        } else {
+            "duplicate=false"
+        }
+    );
+
+    anyhow::ensure!(
+        in_stream == 1 && retry.duplicates == 1 && status == "sent",
+        "the crash window was not closed"
+    );
+    Ok(())
+}
+
+/// Alice orders two mugs.
+fn place_command() -> anyhow::Result<domain::OrderCommand> {
+    Ok(domain::OrderCommand::Place(domain::PlaceOrder {
+        customer_id: domain::CustomerId::parse("alice")?,
+        currency: domain::Currency::parse("EUR")?,
+        lines: vec![domain::OrderLine::parse("MUG-BLUE:2:1250")?],
+    }))
+}
+
+async fn row_status(pool: &sqlx::PgPool, outbox_id: i64) -> anyhow::Result<String> {
+    Ok(
+        sqlx::query_scalar("SELECT status FROM outbox WHERE id = $1")
+            .bind(outbox_id)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// How many messages in the stream carry this event.
+async fn stream_copies(js: &jetstream::Context, event_id: uuid::Uuid) -> anyhow::Result<u64> {
+    let mut stream = js.get_stream(STREAM).await?;
+    let info = stream.info().await?.clone();
+    let mut copies = 0;
+    for sequence in info.state.first_sequence..=info.state.last_sequence {
+        if info.state.messages == 0 {
+            break;
+        }
+        if let Ok(message) = stream.get_raw_message(sequence).await
+            && message.headers.get("Nats-Msg-Id").map(|v| v.as_str())
+                == Some(event_id.to_string().as_str())
+        {
+            copies += 1;
+        }
+    }
+    Ok(copies)
+}
