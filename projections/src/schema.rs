@@ -1,0 +1,85 @@
+//! A projection's home: its own schema (in whatever database its `DATABASE_URL` names), the runner's
+//! bookkeeping tables, and the projection's tables. All are created on start and rebuilt by `rebuild`:
+//! a projection's state can always be recomputed from the stream, so it has no migration history.
+
+use anyhow::Context;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
+
+/// The runner's tables, the same in every projection's schema: per-aggregate checkpoints (moved in the
+/// same transaction as the data) and parked poison messages (kept whole for `redrive`).
+const RUNNER_TABLES: &str = "
+    CREATE TABLE IF NOT EXISTS checkpoints (
+        aggregate_id UUID        PRIMARY KEY,
+        version      BIGINT      NOT NULL,
+        event_id     UUID        NOT NULL,
+        updated_at   TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    CREATE TABLE IF NOT EXISTS parked (
+        id                BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        stream_sequence   BIGINT      UNIQUE,
+        subject           TEXT        NOT NULL,
+        headers           JSONB       NOT NULL,
+        body              BYTEA       NOT NULL,
+        reason            TEXT        NOT NULL,
+        event_id          UUID,
+        aggregate_id      UUID,
+        aggregate_version BIGINT,
+        parked_at         TIMESTAMPTZ NOT NULL DEFAULT now(),
+        redriven_at       TIMESTAMPTZ,
+        redrive_note      TEXT
+    );";
+
+/// Creates the schema and tables if missing and returns a pool whose connections find them first
+/// (`search_path` = the schema), so projection SQL stays unqualified.
+pub async fn connect(database_url: &str, schema: &str, tables: &str) -> anyhow::Result<PgPool> {
+    check_name(schema)?;
+    store::ensure_database(database_url)
+        .await
+        .with_context(|| format!("creating or opening the database for the {schema} projection"))?;
+    let pool = store::connect_with(
+        database_url,
+        &format!("waybill-{schema}"),
+        4,
+        &[("search_path", format!("{schema},public"))],
+    )
+    .await
+    .with_context(|| format!("connecting the {schema} projection to PostgreSQL"))?;
+    let mut conn = pool.acquire().await?;
+    create(&mut conn, schema, tables).await?;
+    Ok(pool)
+}
+
+/// Drops and recreates the schema with empty tables (inside the caller's transaction).
+pub async fn reset(tx: &mut PgConnection, schema: &str, tables: &str) -> anyhow::Result<()> {
+    check_name(schema)?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+    )))
+    .execute(&mut *tx)
+    .await?;
+    create(tx, schema, tables).await
+}
+
+async fn create(conn: &mut PgConnection, schema: &str, tables: &str) -> anyhow::Result<()> {
+    // One implicit transaction (several statements in one simple query): the lock serializes two
+    // instances starting together, and SET LOCAL scopes the search path to this DDL.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "SELECT pg_advisory_xact_lock(hashtext('waybill.projection.schema'));
+         CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+         SET LOCAL search_path = \"{schema}\";
+         {RUNNER_TABLES} {tables}"
+    )))
+    .execute(&mut *conn)
+    .await
+    .with_context(|| format!("creating the {schema} projection's tables"))?;
+    Ok(())
+}
+
+/// Schema names are ours (`inventory`, `points`, `search`), but they are spliced into DDL: check them.
+fn check_name(schema: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !schema.is_empty() && schema.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+        "invalid projection schema name {schema:?}"
+    );
+    Ok(())
+}
