@@ -459,15 +459,20 @@ impl<P: Projection> Runner<P> {
 
     /// Wipes the projection's state and consumer, then replays the stream from its start.
     pub async fn rebuild(&self, progress: impl FnMut(&Tally) + Send) -> anyhow::Result<Tally> {
-        {
-            let mut tx = self.pool.begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtext('waybill.projection.' || $1))")
-                .bind(P::NAME)
-                .execute(&mut *tx)
-                .await?;
-            schema::reset(&mut tx, P::NAME, P::TABLES).await?;
-            tx.commit().await?;
-        }
+        self.reset().await?;
+        self.run(std::future::pending(), true, progress).await
+    }
+
+    /// Wipes the projection's state (its schema recreated empty) and deletes its consumer, so the next
+    /// run starts from the beginning of the stream.
+    pub async fn reset(&self) -> anyhow::Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('waybill.projection.' || $1))")
+            .bind(P::NAME)
+            .execute(&mut *tx)
+            .await?;
+        schema::reset(&mut tx, P::NAME, P::TABLES).await?;
+        tx.commit().await?;
         let stream = self.jetstream.get_stream(&self.config.stream).await?;
         match stream.delete_consumer(P::NAME).await {
             Ok(_) => tracing::info!(
@@ -476,7 +481,7 @@ impl<P: Projection> Runner<P> {
             ),
             Err(error) => tracing::debug!(%error, "no consumer to delete"),
         }
-        self.run(std::future::pending(), true, progress).await
+        Ok(())
     }
 
     /// How many messages the stream holds (a rebuild's total).
