@@ -196,12 +196,15 @@ async fn main() -> anyhow::Result<()> {
             cpu["nats"].as_f64().unwrap_or_default()
         );
         println!(
-            "steady {} events/s for {} s: commit to delivery p50 {} ms, p99 {} ms, max {} ms; relay RSS {} KiB",
+            "steady {} events/s for {} s: commit to delivery p50 {} ms, p99 {} ms, max {} ms \
+             (the commands themselves: p50 {} ms, p99 {} ms); relay RSS {} KiB",
             args.rate,
             args.steady_seconds,
             latency["p50"],
             latency["p99"],
             latency["max"],
+            latency["command_p50"],
+            latency["command_p99"],
             steady_rss_kib
         );
     }
@@ -506,9 +509,9 @@ async fn drain_baseline(
     Ok(relayed as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Writes orders through the store at `rate` events/s while one `waybill-relay run` relays them; a
-/// subscriber measures commit (`occurred_at`) to delivery. Returns latency percentiles in ms and the
-/// relay's resident memory at the end.
+/// Writes orders through the store at `rate` events/s while one `waybill-relay run` relays them, and
+/// measures from the return of each command's commit to a subscriber's receipt of its event. Returns
+/// the latency percentiles in ms (and the commands' own latency) and the relay's resident memory.
 async fn steady_latency(
     pool: &PgPool,
     url: &str,
@@ -537,20 +540,17 @@ async fn steady_latency(
 
     let mut subscriber = client.subscribe(format!("{PREFIX}.>")).await?;
     let collecting = tokio::spawn(async move {
-        let mut latencies: HashMap<Uuid, u64> = HashMap::new();
+        let mut delivered: HashMap<Uuid, Instant> = HashMap::new();
         while let Ok(Some(message)) =
             tokio::time::timeout(Duration::from_secs(3), subscriber.next()).await
         {
             if let Ok(envelope) = domain::EventEnvelope::from_json(&message.payload) {
-                let micros = (chrono::Utc::now() - envelope.occurred_at)
-                    .num_microseconds()
-                    .unwrap_or(0);
-                latencies
+                delivered
                     .entry(envelope.event_id)
-                    .or_insert(micros.max(0) as u64);
+                    .or_insert_with(Instant::now);
             }
         }
-        latencies
+        delivered
     });
 
     let store = EventStore::new(pool.clone()).with_notifier(OutboxNotifier::spawn(
@@ -563,24 +563,39 @@ async fn steady_latency(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let total = rate * seconds;
     let mut writes = futures::stream::FuturesUnordered::new();
+    let mut committed: HashMap<Uuid, Instant> = HashMap::new();
+    let mut command_latencies = Vec::new();
+    let mut note =
+        |done: Result<anyhow::Result<(Uuid, Instant, Duration)>, tokio::task::JoinError>| {
+            if let Ok(Ok((event_id, at, took))) = done {
+                committed.insert(event_id, at);
+                command_latencies.push(took.as_micros() as u64);
+            }
+        };
     for _ in 0..total {
         ticker.tick().await;
         let (store, command) = (store.clone(), command.clone());
         writes.push(tokio::spawn(async move {
-            store
+            let started = Instant::now();
+            let outcome = store
                 .execute(
                     domain::OrderId::from_uuid(Uuid::now_v7()),
                     &command,
                     &CommandContext::default(),
                 )
-                .await
+                .await?;
+            anyhow::Ok((outcome.event_ids[0], Instant::now(), started.elapsed()))
         }));
         while writes.len() > 64 {
-            writes.next().await;
+            if let Some(done) = writes.next().await {
+                note(done);
+            }
         }
     }
-    while writes.next().await.is_some() {}
-    let latencies = collecting.await?;
+    while let Some(done) = writes.next().await {
+        note(done);
+    }
+    let delivered = collecting.await?;
     let rss = resident_kib(relay_pid);
     if let Some(pid) = relay_pid {
         let _ = std::process::Command::new("kill")
@@ -589,14 +604,25 @@ async fn steady_latency(
     }
     relay.wait().await?;
     anyhow::ensure!(
-        latencies.len() as u64 >= total,
+        delivered.len() as u64 >= total,
         "only {} of {total} events were delivered",
-        latencies.len()
+        delivered.len()
     );
-    let p = percentiles(latencies.into_values().collect());
+    // From the moment the command's commit returned to the moment a subscriber received the event.
+    let latencies: Vec<u64> = committed
+        .iter()
+        .filter_map(|(id, at)| {
+            delivered
+                .get(id)
+                .map(|d| d.saturating_duration_since(*at).as_micros() as u64)
+        })
+        .collect();
+    let p = percentiles(latencies);
+    let c = percentiles(command_latencies);
     let ms = |us: u64| (us as f64 / 100.0).round() / 10.0;
     Ok((
-        json!({"p50": ms(p.p50), "p99": ms(p.p99), "max": ms(p.max), "count": p.count}),
+        json!({"p50": ms(p.p50), "p99": ms(p.p99), "max": ms(p.max), "count": p.count,
+               "command_p50": ms(c.p50), "command_p99": ms(c.p99)}),
         rss,
     ))
 }

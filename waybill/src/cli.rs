@@ -43,6 +43,9 @@ pub struct Cli {
 pub enum Command {
     /// Create the database if it does not exist and apply every pending migration.
     Migrate,
+    /// Inspect and repair the outbox: status, dead rows, purge (the same as `waybill-relay`).
+    #[command(subcommand)]
+    Outbox(relay::cli::OutboxCommand),
     #[command(flatten)]
     Order(OrderCommand),
 }

@@ -28,6 +28,19 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Migrate => migrate::run(&cli.database_url, cli.json).await,
+        Command::Outbox(command) => {
+            let pool = store::connect(&cli.database_url, "waybill-outbox", 2)
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot connect to PostgreSQL at {}",
+                        redact(&cli.database_url)
+                    )
+                })?;
+            relay::cli::run_outbox(&pool, command, cli.json)
+                .await
+                .map_err(Failure::from)
+        }
         Command::Order(command) => order_command(&cli.database_url, command, cli.json).await,
     }
 }

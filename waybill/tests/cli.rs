@@ -429,3 +429,18 @@ async fn migrate_creates_a_missing_database_and_is_idempotent() {
     .await
     .expect("drop");
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn outbox_status_counts_what_commands_wrote(pool: PgPool) {
+    let url = url_of(&pool).await;
+    let id = place(&url, &["MUG:1:100"]).await;
+    assert_eq!(
+        waybill(&url, &["pay", &id, "--amount", "100"]).await.code,
+        0
+    );
+    let status = waybill(&url, &["outbox", "status", "--json"]).await.json();
+    assert_eq!(status["pending"], 2, "{status}");
+    assert_eq!(status["dead"], 0);
+    let refused = waybill(&url, &["outbox", "dead", "replay", "42"]).await;
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+}
