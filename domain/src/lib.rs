@@ -4,6 +4,7 @@
 //! versioned [`EventEnvelope`] by the caller, who supplies ids and time. Stored payloads of any version
 //! come back to the current shape through [`Upcasters`].
 
+pub mod catalog;
 pub mod envelope;
 pub mod event;
 pub mod order;

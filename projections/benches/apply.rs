@@ -38,6 +38,9 @@ struct Args {
     /// Messages per batch in the batched mode.
     #[arg(long, default_value_t = 500)]
     batch_size: usize,
+    /// Which projections to measure.
+    #[arg(long, value_delimiter = ',', default_value = "inventory,points,search")]
+    projections: Vec<String>,
     /// Print one JSON document at the end.
     #[arg(long)]
     json: bool,
@@ -73,9 +76,16 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let mut results = Vec::new();
-    results.push(measure(Inventory, &args, &url, &nats_url).await?);
-    results.push(measure(Points, &args, &url, &nats_url).await?);
-    results.push(measure(Search, &args, &url, &nats_url).await?);
+    let wanted = |name: &str| args.projections.iter().any(|p| p == name);
+    if wanted(Inventory::NAME) {
+        results.push(measure(Inventory, &args, &url, &nats_url).await?);
+    }
+    if wanted(Points::NAME) {
+        results.push(measure(Points, &args, &url, &nats_url).await?);
+    }
+    if wanted(Search::NAME) {
+        results.push(measure(Search, &args, &url, &nats_url).await?);
+    }
     js.delete_stream(STREAM).await?;
 
     if args.json {

@@ -40,7 +40,14 @@ pub async fn connect(database_url: &str, schema: &str, tables: &str) -> anyhow::
         database_url,
         &format!("waybill-{schema}"),
         4,
-        &[("search_path", format!("{schema},public"))],
+        &[
+            ("search_path", format!("{schema},public")),
+            // Batches look rows up by `= ANY($1)`. A generic plan cached while a table was nearly empty
+            // (right after a rebuild) can keep scanning it sequentially as it grows: the points
+            // projection replayed 100k events at 8k/s in 2 of 3 runs with cached plans, and at 19-22k/s
+            // in 5 of 5 with this setting. Planning each batch costs little.
+            ("plan_cache_mode", "force_custom_plan".to_owned()),
+        ],
     )
     .await
     .with_context(|| format!("connecting the {schema} projection to PostgreSQL"))?;

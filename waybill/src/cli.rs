@@ -43,6 +43,12 @@ pub struct Cli {
 pub enum Command {
     /// Create the database if it does not exist and apply every pending migration.
     Migrate,
+    /// Run the HTTP order service (POST /orders, /orders/{id}/pay|cancel|ship, GET /orders/{id},
+    /// /openapi.json, /health, /metrics) until SIGTERM/Ctrl-C.
+    Serve(ServeArgs),
+    /// Print the event catalog: every payload's JSON Schema, or (with --asyncapi) an AsyncAPI document
+    /// of the stream's subjects, headers and messages.
+    Schema(SchemaArgs),
     /// Inspect and repair the outbox: status, dead rows, purge (the same as `waybill-relay`).
     #[command(subcommand)]
     Outbox(relay::cli::OutboxCommand),
@@ -65,6 +71,28 @@ pub enum OrderCommand {
     Ship(ShipArgs),
     /// Show an order as folded from its events.
     Show(ShowArgs),
+}
+
+/// `waybill schema`.
+#[derive(Debug, Args)]
+pub struct SchemaArgs {
+    /// Print the AsyncAPI document instead of the payload schemas.
+    #[arg(long)]
+    pub asyncapi: bool,
+    /// The stream named in the AsyncAPI document.
+    #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM)]
+    pub stream: String,
+    /// The subject prefix of the channels.
+    #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX)]
+    pub subject_prefix: String,
+}
+
+/// `waybill serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "WAYBILL_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
 }
 
 /// Options every state-changing command accepts.

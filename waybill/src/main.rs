@@ -1,8 +1,11 @@
 //! `waybill`: the command side and administration of the order service.
 
+mod catalog;
 mod cli;
 mod failure;
+mod http;
 mod migrate;
+mod openapi;
 mod orders;
 
 use std::process::ExitCode;
@@ -16,8 +19,12 @@ use crate::failure::{Failure, redact};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    ops::init_logging("warn");
     let cli = Cli::parse();
+    // Long-running services say what they do; one-shot commands only warn.
+    ops::init_logging(match cli.command {
+        Command::Serve(_) => "info,sqlx=warn",
+        _ => "warn",
+    });
     let json = cli.json;
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -28,6 +35,21 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Migrate => migrate::run(&cli.database_url, cli.json).await,
+        Command::Serve(args) => serve(&cli.database_url, args.listen)
+            .await
+            .map_err(Failure::from),
+        Command::Schema(args) => {
+            let document = if args.asyncapi {
+                catalog::asyncapi(&args.stream, &args.subject_prefix)
+            } else {
+                catalog::schemas()
+            };
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&document).context("encoding the catalog")?
+            );
+            Ok(())
+        }
         Command::Outbox(command) => {
             let pool = store::connect(&cli.database_url, "waybill-outbox", 2)
                 .await
@@ -43,6 +65,29 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Order(command) => order_command(&cli.database_url, command, cli.json).await,
     }
+}
+
+/// `waybill serve`: the HTTP order service with its metrics and health check.
+async fn serve(database_url: &str, listen: std::net::SocketAddr) -> anyhow::Result<()> {
+    let pool = store::connect(database_url, "waybill-serve", 16)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
+    sqlx::query("SELECT 1 FROM events LIMIT 1")
+        .execute(&pool)
+        .await
+        .map_err(failure::with_hint)?;
+    let notifier = store::OutboxNotifier::spawn(pool.clone(), std::time::Duration::from_millis(5));
+    let store = EventStore::new(pool.clone()).with_notifier(notifier);
+    let metrics = ops::install_metrics_recorder()?;
+    let health: ops::HealthCheck = std::sync::Arc::new(move || {
+        let pool = pool.clone();
+        Box::pin(async move {
+            let database = sqlx::query("SELECT 1").execute(&pool).await.is_ok();
+            (database, serde_json::json!({"database": database}))
+        })
+    });
+    let router = http::router(store, ops::telemetry_routes(metrics, health));
+    http::serve(listen, router, ops::shutdown_signal()).await
 }
 
 async fn order_command(

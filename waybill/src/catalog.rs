@@ -1,0 +1,139 @@
+//! `waybill schema`: the event catalog — every payload's JSON Schema, and an AsyncAPI document of the
+//! stream's subjects, headers and messages.
+
+use domain::catalog::{PayloadSchema, payload_schemas};
+use domain::wire;
+use serde_json::{Map, Value, json};
+
+/// Every payload schema, as `{event_type: {version: schema}}`.
+pub fn schemas() -> Value {
+    let mut by_type = Map::new();
+    for PayloadSchema {
+        event_type,
+        event_version,
+        schema,
+    } in payload_schemas()
+    {
+        let versions = by_type.entry(event_type).or_insert_with(|| json!({}));
+        versions[event_version.to_string()] = schema;
+    }
+    Value::Object(by_type)
+}
+
+/// The AsyncAPI 2.6 document of the stream `stream` under `prefix`.
+pub fn asyncapi(stream: &str, prefix: &str) -> Value {
+    let mut channels = Map::new();
+    let mut messages = Map::new();
+    let mut payloads = Map::new();
+    let all = payload_schemas();
+    let types: Vec<&str> = {
+        let mut t: Vec<&str> = all.iter().map(|s| s.event_type).collect();
+        t.dedup();
+        t
+    };
+    for event_type in types {
+        let mut refs = Vec::new();
+        for entry in all.iter().filter(|s| s.event_type == event_type) {
+            let name = format!("{}.v{}", entry.event_type, entry.event_version);
+            payloads.insert(name.clone(), entry.schema.clone());
+            messages.insert(name.clone(), message(entry, &name));
+            refs.push(json!({"$ref": format!("#/components/messages/{name}")}));
+        }
+        channels.insert(
+            format!("{prefix}.{event_type}.{{aggregateId}}"),
+            json!({
+                "description": format!("Every {event_type} event, one subject per order. Subscribe to `{prefix}.{event_type}.*` for all orders."),
+                "parameters": {"aggregateId": {"description": "The order id", "schema": {"type": "string", "format": "uuid"}}},
+                "subscribe": {"summary": format!("{event_type} events, published by waybill-relay"), "message": {"oneOf": refs}},
+            }),
+        );
+    }
+    json!({
+        "asyncapi": "2.6.0",
+        "id": "urn:waybill:events",
+        "info": {
+            "title": "waybill order events",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": format!(
+                "Order events relayed from the transactional outbox into the JetStream stream {stream} (subjects {}). \
+                 Delivery is at least once: JetStream drops duplicates with the same Nats-Msg-Id (the event id) within \
+                 its dedupe window, and consumers must be idempotent beyond it. Per order, events are published in \
+                 aggregate_version order.",
+                wire::all_subjects(prefix)
+            ),
+        },
+        "servers": {"local": {"url": "127.0.0.1:4222", "protocol": "nats", "description": "A local NATS server with JetStream"}},
+        "defaultContentType": "application/json",
+        "channels": channels,
+        "components": {"messages": messages, "schemas": payloads, "messageTraits": {}},
+    })
+}
+
+fn message(entry: &PayloadSchema, name: &str) -> Value {
+    let constant = |v: Value| json!({"const": v});
+    json!({
+        "name": name,
+        "title": format!("{} version {}", entry.event_type, entry.event_version),
+        "contentType": "application/json",
+        "headers": {
+            "type": "object",
+            "required": [wire::MSG_ID, wire::EVENT_TYPE, wire::EVENT_VERSION, wire::AGGREGATE_ID, wire::AGGREGATE_VERSION],
+            "properties": {
+                wire::MSG_ID: {"type": "string", "format": "uuid", "description": "The event id; JetStream's dedupe key"},
+                wire::EVENT_TYPE: constant(json!(entry.event_type)),
+                wire::EVENT_VERSION: constant(json!(entry.event_version.to_string())),
+                wire::AGGREGATE_ID: {"type": "string", "format": "uuid"},
+                wire::AGGREGATE_VERSION: {"type": "string", "pattern": "^[1-9][0-9]*$", "description": "Position in the order's stream: the order key"},
+                wire::TRACEPARENT: {"type": "string", "description": "W3C trace context, when the command carried one"},
+            },
+        },
+        "payload": {
+            "type": "object",
+            "description": "The event envelope",
+            "required": ["event_id", "event_type", "event_version", "aggregate_type", "aggregate_id", "aggregate_version", "occurred_at", "payload"],
+            "properties": {
+                "event_id": {"type": "string", "format": "uuid"},
+                "event_type": constant(json!(entry.event_type)),
+                "event_version": constant(json!(entry.event_version)),
+                "aggregate_type": constant(json!("order")),
+                "aggregate_id": {"type": "string", "format": "uuid"},
+                "aggregate_version": {"type": "integer", "minimum": 1},
+                "occurred_at": {"type": "string", "format": "date-time"},
+                "correlation_id": {"type": ["string", "null"], "format": "uuid"},
+                "causation_id": {"type": ["string", "null"], "format": "uuid"},
+                "payload": {"$ref": format!("#/components/schemas/{name}")},
+            },
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_payload_version_is_a_message_on_its_channel() {
+        let document = asyncapi("WAYBILL_EVENTS", "waybill.events");
+        let channel = &document["channels"]["waybill.events.order.placed.{aggregateId}"];
+        let refs: Vec<&str> = channel["subscribe"]["message"]["oneOf"]
+            .as_array()
+            .expect("oneOf")
+            .iter()
+            .filter_map(|r| r["$ref"].as_str())
+            .collect();
+        assert_eq!(
+            refs,
+            [
+                "#/components/messages/order.placed.v1",
+                "#/components/messages/order.placed.v2"
+            ]
+        );
+        assert_eq!(
+            document["components"]["messages"]
+                .as_object()
+                .map(|m| m.len()),
+            Some(payload_schemas().len())
+        );
+        assert_eq!(schemas()["order.placed"]["2"]["title"], "order.placed v2");
+    }
+}
