@@ -3,6 +3,7 @@
 
 mod exit;
 mod local_nats;
+mod local_postgres;
 mod logging;
 mod shutdown;
 pub mod stats;
@@ -10,6 +11,7 @@ mod telemetry;
 
 pub use exit::{Refused, report_failure};
 pub use local_nats::{NatsServer, find_binary, free_port, unique_temp_dir};
+pub use local_postgres::{PostgresServer, reachable};
 pub use logging::init_logging;
 pub use shutdown::shutdown_signal;
 pub use telemetry::{HealthCheck, install_metrics_recorder, serve, telemetry_routes};

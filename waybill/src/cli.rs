@@ -46,6 +46,13 @@ pub enum Command {
     /// Run the HTTP order service (POST /orders, /orders/{id}/pay|cancel|ship, GET /orders/{id},
     /// /openapi.json, /health, /metrics) until SIGTERM/Ctrl-C.
     Serve(ServeArgs),
+    /// The whole system in one command: fresh database and stream, the order service, the relay and
+    /// the three projections, a scripted story with a relay crash, a legacy event and a duplicate,
+    /// then a comparison of the projections with the event store (exit 0 only when they agree).
+    Demo(crate::demo::DemoArgs),
+    /// Start private PostgreSQL and NATS servers for whichever of DATABASE_URL and NATS_URL does not
+    /// answer, print their URLs as shell exports, and keep them until SIGTERM/Ctrl-C.
+    Services(ServicesArgs),
     /// Print the event catalog: every payload's JSON Schema, or (with --asyncapi) an AsyncAPI document
     /// of the stream's subjects, headers and messages.
     Schema(SchemaArgs),
@@ -71,6 +78,17 @@ pub enum OrderCommand {
     Ship(ShipArgs),
     /// Show an order as folded from its events.
     Show(ShowArgs),
+}
+
+/// `waybill services`.
+#[derive(Debug, Args)]
+pub struct ServicesArgs {
+    /// NATS server URL to check.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Also write the exports to this file (written last, so it can be waited for).
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Option<std::path::PathBuf>,
 }
 
 /// `waybill schema`.

@@ -2,6 +2,7 @@
 
 mod catalog;
 mod cli;
+mod demo;
 mod failure;
 mod http;
 mod migrate;
@@ -23,6 +24,7 @@ async fn main() -> ExitCode {
     // Long-running services say what they do; one-shot commands only warn.
     ops::init_logging(match cli.command {
         Command::Serve(_) => "info,sqlx=warn",
+        Command::Demo(_) | Command::Services(_) => "warn,relay=error,projections=error",
         _ => "warn",
     });
     let json = cli.json;
@@ -36,6 +38,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Migrate => migrate::run(&cli.database_url, cli.json).await,
         Command::Serve(args) => serve(&cli.database_url, args.listen)
+            .await
+            .map_err(Failure::from),
+        Command::Demo(args) => demo::run(&cli.database_url, args)
+            .await
+            .map_err(Failure::from),
+        Command::Services(args) => services(&cli.database_url, args)
             .await
             .map_err(Failure::from),
         Command::Schema(args) => {
@@ -65,6 +73,27 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Order(command) => order_command(&cli.database_url, command, cli.json).await,
     }
+}
+
+/// `waybill services`: private PostgreSQL and NATS where the configured ones do not answer.
+async fn services(database_url: &str, args: cli::ServicesArgs) -> anyhow::Result<()> {
+    let services = demo::services::Services::ensure(database_url, &args.nats_url)?;
+    let (_, database) = database_url.rsplit_once('/').unwrap_or(("", "waybill"));
+    let exports = format!(
+        "export DATABASE_URL='{}'\nexport NATS_URL='{}'\n",
+        services.database_url(database),
+        services.nats_url
+    );
+    for line in services.describe() {
+        eprintln!("{line}");
+    }
+    print!("{exports}");
+    if let Some(file) = &args.env_file {
+        std::fs::write(file, &exports).with_context(|| format!("writing {}", file.display()))?;
+    }
+    ops::shutdown_signal().await;
+    drop(services);
+    Ok(())
 }
 
 /// `waybill serve`: the HTTP order service with its metrics and health check.

@@ -1,0 +1,232 @@
+//! A private PostgreSQL server from the installed `initdb` and `postgres` binaries, in a temporary
+//! directory on a free loopback port: what `waybill demo` and the test command use when no server is
+//! reachable. Stopped and deleted on drop.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::local_nats::{free_port, unique_temp_dir};
+
+/// A running private PostgreSQL; the superuser is `postgres` with trust authentication on loopback.
+#[derive(Debug)]
+pub struct PostgresServer {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl PostgresServer {
+    /// Initializes a cluster in a fresh temporary directory and starts it on a free port.
+    pub fn start() -> anyhow::Result<Self> {
+        let bindir = find_bindir().context(
+            "PostgreSQL server binaries (initdb, postgres) were not found; install the Debian package \
+             `postgresql` (or put its bin directory on PATH)",
+        )?;
+        let port = free_port()?;
+        let dir = unique_temp_dir("waybill-postgres", port)?;
+        let data = dir.join("data");
+        // initdb and postgres refuse to run as root: run them as the `postgres` user when we are root.
+        let as_root = running_as_root();
+        if as_root {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()?;
+            anyhow::ensure!(
+                status.success(),
+                "cannot hand {} to the postgres user",
+                dir.display()
+            );
+        }
+        let command = |program: &str| {
+            let binary = bindir.join(program);
+            if as_root {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(binary);
+                c
+            } else {
+                Command::new(binary)
+            }
+        };
+        let init = command("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .context("running initdb")?;
+        if !init.status.success() {
+            bail!("initdb failed: {}", String::from_utf8_lossy(&init.stderr));
+        }
+        let log = std::fs::File::create(dir.join("postgres.log"))?;
+        if as_root {
+            let _ = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(dir.join("postgres.log"))
+                .status();
+        }
+        let child = command("postgres")
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+            .arg("-k")
+            .arg(&dir)
+            // A throwaway cluster: durability buys nothing, speed helps the demo and the tests.
+            .args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "max_connections=200",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting postgres")?;
+        let mut server = Self {
+            port,
+            dir,
+            child: Some(child),
+        };
+        server.wait_until_ready(Duration::from_secs(30))?;
+        Ok(server)
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/DATABASE`.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn wait_until_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
+        while Instant::now() < deadline {
+            if let Some(child) = &mut self.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                bail!("postgres exited with {status}: {}", self.log_tail());
+            }
+            // The port opens before recovery finishes; the log says when connections are accepted.
+            let ready = std::fs::read_to_string(self.dir.join("postgres.log"))
+                .is_ok_and(|log| log.contains("ready to accept connections"));
+            if ready && TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!(
+            "postgres on port {} did not become ready: {}",
+            self.port,
+            self.log_tail()
+        )
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
+        log.lines()
+            .rev()
+            .take(10)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        // Signal the postmaster itself (its pid is the first line of postmaster.pid): when it runs
+        // through `runuser`, our child is runuser, which does not pass signals on.
+        let postmaster = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
+            .ok()
+            .and_then(|text| text.lines().next().map(str::to_owned));
+        if let Some(pid) = &postmaster {
+            // SIGINT is PostgreSQL's fast shutdown: it ends the sessions and stops.
+            let _ = Command::new("kill").args(["-INT", pid]).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = Command::new("kill").args(["-KILL", pid]).status();
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// True when this process runs as uid 0.
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .is_some_and(|uid| uid == "0")
+    })
+}
+
+/// The directory holding `initdb` and `postgres`: PATH, `pg_config --bindir`, then Debian's layout
+/// (newest major version first).
+fn find_bindir() -> Option<PathBuf> {
+    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    if let Some(initdb) = crate::find_binary("initdb")
+        && let Some(dir) = initdb.parent()
+        && has_both(dir)
+    {
+        return Some(dir.to_path_buf());
+    }
+    if let Ok(output) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        if has_both(&dir) {
+            return Some(dir);
+        }
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.path().join("bin")))
+        .filter(|dir| has_both(dir))
+        .collect();
+    versions.sort();
+    versions.pop()
+}
+
+/// True when something accepts TCP connections at `host:port`.
+pub fn reachable(host: &str, port: u16) -> bool {
+    use std::net::ToSocketAddrs;
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .into_iter()
+        .flatten()
+        .any(|address| TcpStream::connect_timeout(&address, Duration::from_millis(500)).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_private_postgres_starts_and_accepts_connections() {
+        let server = PostgresServer::start().expect("postgres starts");
+        assert!(reachable("127.0.0.1", server.port()));
+        assert!(server.url("x").ends_with("/x"));
+    }
+}

@@ -1,0 +1,341 @@
+//! The demo's services: the order service, the relay and the three projections, either as separate
+//! processes (the real shape) or as tasks in this process, each serving HTTP on a free port.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+use projections::{Inventory, Points, Projection, Runner, RunnerConfig, Search};
+use relay::{FailPoint, Relay, RelayConfig, StreamSettings};
+use store::{EventStore, OutboxNotifier};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Where everything reads and writes.
+#[derive(Debug, Clone)]
+pub struct Wiring {
+    /// The demo's database.
+    pub database_url: String,
+    /// NATS.
+    pub nats_url: String,
+    /// The demo's stream.
+    pub stream: String,
+    /// Its subject prefix.
+    pub subject_prefix: String,
+}
+
+/// Running services and their HTTP addresses.
+#[derive(Debug)]
+pub struct Fleet {
+    /// The order service's base URL.
+    pub api: String,
+    /// Each projection's name and the base URL of its read API.
+    pub reads: Vec<(&'static str, String)>,
+    wiring: Wiring,
+    running: Running,
+}
+
+#[derive(Debug)]
+enum Running {
+    Tasks {
+        stop: watch::Sender<bool>,
+        tasks: Vec<JoinHandle<()>>,
+    },
+    Processes {
+        children: Vec<(String, tokio::process::Child)>,
+        logs: PathBuf,
+    },
+}
+
+impl Fleet {
+    /// Starts the order service and the projections (the relay comes later, after the crash window).
+    pub async fn start(processes: bool, wiring: Wiring) -> anyhow::Result<Self> {
+        let mut fleet = if processes {
+            Self::start_processes(wiring).await?
+        } else {
+            Self::start_tasks(wiring).await?
+        };
+        fleet.wait_healthy().await?;
+        Ok(fleet)
+    }
+
+    async fn start_tasks(wiring: Wiring) -> anyhow::Result<Self> {
+        let (stop, watcher) = watch::channel(false);
+        let stopped = move || {
+            let mut watcher = watcher.clone();
+            async move {
+                let _ = watcher.wait_for(|stop| *stop).await;
+            }
+        };
+        let mut tasks = Vec::new();
+        let pool = store::connect(&wiring.database_url, "waybill-demo-api", 8).await?;
+        let store = EventStore::new(pool.clone())
+            .with_notifier(OutboxNotifier::spawn(pool, Duration::from_millis(5)));
+        let telemetry = ops::telemetry_routes(
+            ops::install_metrics_recorder()?,
+            std::sync::Arc::new(|| Box::pin(async { (true, serde_json::json!({})) })),
+        );
+        let api = ops::serve(
+            local(),
+            crate::http::router(store, telemetry.clone()),
+            stopped(),
+        )
+        .await?;
+        let config = RunnerConfig {
+            stream: wiring.stream.clone(),
+            subject_prefix: wiring.subject_prefix.clone(),
+            ..RunnerConfig::default()
+        };
+        let mut reads = Vec::new();
+        macro_rules! projection {
+            ($projection:expr, $routes:path) => {{
+                let runner = Runner::connect(
+                    $projection,
+                    &wiring.database_url,
+                    &wiring.nats_url,
+                    config.clone(),
+                )
+                .await?;
+                let routes = $routes(runner.pool().clone()).merge(telemetry.clone());
+                let address = ops::serve(local(), routes, stopped()).await?;
+                reads.push((name_of(&$projection), format!("http://{address}")));
+                let shutdown = stopped();
+                tasks.push(tokio::spawn(async move {
+                    if let Err(error) = runner.run(shutdown, false, |_| {}).await {
+                        tracing::error!(error = format!("{error:#}"), "projection task failed");
+                    }
+                }));
+            }};
+        }
+        projection!(Inventory, projections::inventory::routes);
+        projection!(Points, projections::points::routes);
+        projection!(Search, projections::search::routes);
+        Ok(Self {
+            api: format!("http://{api}"),
+            reads,
+            wiring,
+            running: Running::Tasks { stop, tasks },
+        })
+    }
+
+    async fn start_processes(wiring: Wiring) -> anyhow::Result<Self> {
+        let logs = ops::unique_temp_dir("waybill-demo-logs", 0)?;
+        let mut children = Vec::new();
+        let api_port = ops::free_port()?;
+        let mut serve = command(&binary("waybill")?, &wiring, &logs, "order-service")?;
+        serve.args(["serve", "--listen", &format!("127.0.0.1:{api_port}")]);
+        children.push((
+            "order service".to_owned(),
+            serve.spawn().context("starting waybill serve")?,
+        ));
+        let mut reads = Vec::new();
+        for name in [Inventory::NAME, Points::NAME, Search::NAME] {
+            let port = ops::free_port()?;
+            let mut projection =
+                command(&binary(&format!("waybill-{name}"))?, &wiring, &logs, name)?;
+            projection.args(["run", "--metrics-listen", &format!("127.0.0.1:{port}")]);
+            children.push((
+                format!("waybill-{name}"),
+                projection
+                    .spawn()
+                    .with_context(|| format!("starting waybill-{name}"))?,
+            ));
+            reads.push((name, format!("http://127.0.0.1:{port}")));
+        }
+        Ok(Self {
+            api: format!("http://127.0.0.1:{api_port}"),
+            reads,
+            wiring,
+            running: Running::Processes { children, logs },
+        })
+    }
+
+    /// Reproduces the crash window once: a relay publishes, gets its PubAck, and dies before marking.
+    pub async fn crash_a_relay(&self) -> anyhow::Result<()> {
+        match &self.running {
+            Running::Tasks { .. } => {
+                let relay = Relay::connect(
+                    &self.wiring.database_url,
+                    &self.wiring.nats_url,
+                    self.relay_config("demo-relay-crashing"),
+                )
+                .await?
+                .with_fail_point(FailPoint::AbandonAfterPublish);
+                relay.step().await?;
+            }
+            Running::Processes { logs, .. } => {
+                let mut crashing = command(
+                    &binary("waybill-relay")?,
+                    &self.wiring,
+                    logs,
+                    "relay-crashing",
+                )?;
+                crashing.args([
+                    "run",
+                    "--once",
+                    "--crash-after-publish",
+                    "--relay-id",
+                    "demo-relay-crashing",
+                ]);
+                let status = crashing.status().await?;
+                anyhow::ensure!(!status.success(), "the crashing relay did not crash");
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the relay that keeps running.
+    pub async fn start_relay(&mut self) -> anyhow::Result<()> {
+        let wiring = self.wiring.clone();
+        let config = self.relay_config("demo-relay");
+        match &mut self.running {
+            Running::Tasks { stop, tasks } => {
+                let relay = Relay::connect(&wiring.database_url, &wiring.nats_url, config).await?;
+                let mut watcher = stop.subscribe();
+                tasks.push(tokio::spawn(async move {
+                    relay
+                        .run(async move {
+                            let _ = watcher.wait_for(|stop| *stop).await;
+                        })
+                        .await;
+                }));
+            }
+            Running::Processes { children, logs } => {
+                let mut relay = command(&binary("waybill-relay")?, &wiring, logs, "relay")?;
+                relay.args([
+                    "run",
+                    "--relay-id",
+                    "demo-relay",
+                    "--poll-interval",
+                    "200ms",
+                ]);
+                children.push((
+                    "waybill-relay".to_owned(),
+                    relay.spawn().context("starting waybill-relay")?,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn relay_config(&self, relay_id: &str) -> RelayConfig {
+        RelayConfig {
+            relay_id: relay_id.to_owned(),
+            stream: StreamSettings {
+                name: self.wiring.stream.clone(),
+                subject_prefix: self.wiring.subject_prefix.clone(),
+                ..StreamSettings::default()
+            },
+            poll_interval: Duration::from_millis(200),
+            ..RelayConfig::default()
+        }
+    }
+
+    async fn wait_healthy(&mut self) -> anyhow::Result<()> {
+        let client = reqwest::Client::new();
+        let mut bases = vec![self.api.clone()];
+        bases.extend(self.reads.iter().map(|(_, base)| base.clone()));
+        for base in bases {
+            let mut healthy = false;
+            for _ in 0..300 {
+                if let Running::Processes { children, logs } = &mut self.running {
+                    for (name, child) in children.iter_mut() {
+                        if let Ok(Some(status)) = child.try_wait() {
+                            anyhow::bail!(
+                                "{name} exited with {status}; its log is in {}",
+                                logs.display()
+                            );
+                        }
+                    }
+                }
+                if client
+                    .get(format!("{base}/health"))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+                {
+                    healthy = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::ensure!(healthy, "{base} did not become healthy within 30 s");
+        }
+        Ok(())
+    }
+
+    /// Stops everything gracefully (SIGTERM for processes) and returns where the logs are, if any.
+    pub async fn stop(self) -> Option<PathBuf> {
+        match self.running {
+            Running::Tasks { stop, tasks } => {
+                let _ = stop.send(true);
+                for task in tasks {
+                    let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+                }
+                None
+            }
+            Running::Processes { children, logs } => {
+                for (_, child) in &children {
+                    if let Some(pid) = child.id() {
+                        let _ = std::process::Command::new("kill")
+                            .args(["-TERM", &pid.to_string()])
+                            .status();
+                    }
+                }
+                for (name, mut child) in children {
+                    if tokio::time::timeout(Duration::from_secs(15), child.wait())
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(%name, "did not stop within 15 s; killing it");
+                        let _ = child.kill().await;
+                    }
+                }
+                Some(logs)
+            }
+        }
+    }
+}
+
+fn local() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn name_of<P: Projection>(_: &P) -> &'static str {
+    P::NAME
+}
+
+/// A sibling binary of this executable (cargo builds them all into the same directory).
+fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let here = std::env::current_exe()?;
+    let path = here.with_file_name(name);
+    anyhow::ensure!(
+        path.is_file(),
+        "{} is missing: build every binary first (`cargo build --workspace --bins`), or run the demo without --processes",
+        path.display()
+    );
+    Ok(path)
+}
+
+fn command(
+    binary: &PathBuf,
+    wiring: &Wiring,
+    logs: &std::path::Path,
+    name: &str,
+) -> anyhow::Result<tokio::process::Command> {
+    let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
+    let mut command = tokio::process::Command::new(binary);
+    command
+        .env("DATABASE_URL", &wiring.database_url)
+        .env("NATS_URL", &wiring.nats_url)
+        .env("WAYBILL_STREAM", &wiring.stream)
+        .env("WAYBILL_SUBJECT_PREFIX", &wiring.subject_prefix)
+        .env("RUST_LOG", "info,sqlx=warn,async_nats=warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true);
+    Ok(command)
+}

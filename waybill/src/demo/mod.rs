@@ -1,0 +1,408 @@
+//! `waybill demo`: the whole system on one machine in under a minute. Migrates a fresh database,
+//! provisions a fresh stream, starts the order service, the three projections and (after reproducing
+//! the crash window) the relay, plays a scripted story over HTTP, injects a legacy v1 event and a
+//! duplicate publish, waits for everything to settle while showing progress, and compares what the
+//! projections say with what the event store says. Exits 0 only when they agree.
+
+mod fleet;
+mod scenario;
+pub mod services;
+mod verify;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_nats::jetstream;
+use chrono::Utc;
+use domain::EventEnvelope;
+use projections::{Inventory, Points, Projection, Search};
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use fleet::{Fleet, Wiring};
+use scenario::{Api, Played};
+use services::Services;
+
+/// The demo's own database and stream, recreated on every run so the story starts from nothing.
+const DATABASE: &str = "waybill_demo";
+const STREAM: &str = "WAYBILL_DEMO";
+const PREFIX: &str = "waybill.demo";
+
+/// `waybill demo` options.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Run the order service, the relay and the projections as separate processes (the sibling
+    /// binaries of this one) instead of tasks in this process.
+    #[arg(long)]
+    pub processes: bool,
+
+    /// How many order lifecycles to play.
+    #[arg(long, default_value_t = 60)]
+    pub orders: usize,
+
+    /// The database the demo recreates for itself on the PostgreSQL server of --database-url.
+    #[arg(long, default_value = DATABASE)]
+    pub database_name: String,
+
+    /// NATS server URL (a private one is started when it does not answer).
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+}
+
+/// Runs the demo.
+pub async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let services = Services::ensure(database_url, &args.nats_url)?;
+    step(started, "services");
+    for line in services.describe() {
+        println!("           {line}");
+    }
+    let wiring = Wiring {
+        database_url: services.database_url(&args.database_name),
+        nats_url: services.nats_url.clone(),
+        stream: STREAM.to_owned(),
+        subject_prefix: PREFIX.to_owned(),
+    };
+    let pool = fresh_database(&services, &args.database_name, &wiring.database_url).await?;
+    let js = jetstream::new(
+        async_nats::connect(&wiring.nats_url)
+            .await
+            .context("connecting to NATS")?,
+    );
+    let _ = js.delete_stream(STREAM).await;
+    let settings = relay::StreamSettings {
+        name: STREAM.into(),
+        subject_prefix: PREFIX.into(),
+        ..Default::default()
+    };
+    relay::ensure_stream(&js, &settings, false).await?;
+    step(
+        started,
+        &format!(
+            "fresh database {} migrated, fresh stream {STREAM} ({PREFIX}.>)",
+            args.database_name
+        ),
+    );
+
+    let mut fleet = Fleet::start(args.processes, wiring.clone()).await?;
+    let shape = if args.processes {
+        "separate processes"
+    } else {
+        "tasks in this process"
+    };
+    step(
+        started,
+        &format!(
+            "order service at {} and projections inventory, points, search running as {shape}",
+            fleet.api
+        ),
+    );
+    let outcome = play_and_check(&mut fleet, &pool, &js, &args, started).await;
+    let logs = fleet.stop().await;
+    if let Some(logs) = logs {
+        println!("           service logs: {}", logs.display());
+    }
+    drop(services);
+    outcome
+}
+
+async fn play_and_check(
+    fleet: &mut Fleet,
+    pool: &PgPool,
+    js: &jetstream::Context,
+    args: &DemoArgs,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let api = Api::new(&fleet.api);
+
+    // 1. The crash window, before any relay runs for real.
+    let first = api
+        .place(
+            "alice",
+            json!([{"sku": "MUG-BLUE", "quantity": 2, "unit_price_cents": 1250}]),
+            None,
+        )
+        .await?;
+    let first_event: Uuid = sqlx::query_scalar(
+        "SELECT event_id FROM events WHERE aggregate_id = $1 AND aggregate_version = 1",
+    )
+    .bind(first)
+    .fetch_one(pool)
+    .await
+    .context("reading the first event")?;
+    fleet.crash_a_relay().await?;
+    let copies = copies_in_stream(js, first_event).await?;
+    let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE event_id = $1")
+        .bind(first_event)
+        .fetch_one(pool)
+        .await?;
+    step(
+        started,
+        &format!(
+            "crash window: a relay published order {first}'s event, got its PubAck and died before marking it (stream copies: {copies}, outbox row: {status})"
+        ),
+    );
+    fleet.start_relay().await?;
+    step(
+        started,
+        "relay started: it will publish that row again, and JetStream will answer duplicate=true",
+    );
+
+    // 2. The story, over HTTP, with live progress.
+    let played = Arc::new(Played::default());
+    let story = tokio::spawn({
+        let (api, played, orders) = (api.clone(), played.clone(), args.orders);
+        async move { scenario::play(&api, orders, played).await }
+    });
+    let progress = tokio::spawn(progress(
+        pool.clone(),
+        js.clone(),
+        played.clone(),
+        args.orders,
+        started,
+    ));
+    let played_ok = story.await.context("the scenario task")?;
+    progress.abort();
+    played_ok?;
+    let (first_try, retry) = scenario::idempotent_retry(&api).await?;
+    anyhow::ensure!(
+        first_try == retry,
+        "an idempotent retry created a second order"
+    );
+    step(
+        started,
+        &format!(
+            "played {} orders: {} paid, {} shipped, {} cancelled, {} commands refused as they should be; an Idempotency-Key retry returned the same order",
+            played.placed.load(Ordering::Relaxed),
+            played.paid.load(Ordering::Relaxed),
+            played.shipped.load(Ordering::Relaxed),
+            played.cancelled.load(Ordering::Relaxed),
+            played.refused.load(Ordering::Relaxed)
+        ),
+    );
+
+    // 3. A legacy v1 event, as an import from the old system would write it, then paid over HTTP.
+    let legacy = legacy_order(pool).await?;
+    api.post(
+        &format!("/orders/{legacy}/pay"),
+        json!({"amount_cents": 4200}),
+        None,
+    )
+    .await?;
+    step(
+        started,
+        &format!(
+            "legacy order.placed v1 {{order_no, amount_cents: 4200}} appended for order {legacy} and paid; every reader upcasts it"
+        ),
+    );
+
+    // 4. A duplicate publish JetStream cannot catch: same event, another message id.
+    wait_for(
+        || async { copies_in_stream(js, first_event).await.unwrap_or(0) >= 1 },
+        Duration::from_secs(10),
+    )
+    .await;
+    republish_with_new_id(js, first_event).await?;
+    step(
+        started,
+        &format!(
+            "published order {first}'s first event again under another Nats-Msg-Id: the projections must count it once"
+        ),
+    );
+
+    // 5. Everything settles.
+    let settled = wait_for(|| settled(pool, js), Duration::from_secs(40)).await;
+    anyhow::ensure!(
+        settled,
+        "the outbox and the projections did not settle within 40 s"
+    );
+    let copies = copies_in_stream(js, first_event).await?;
+    step(
+        started,
+        &format!(
+            "settled: outbox empty, projections caught up; the crash-window event is in the stream {copies} times (1 relayed + 1 deliberate duplicate)"
+        ),
+    );
+
+    // 6. The verdict.
+    let expected = verify::expected(pool).await?;
+    let projected = verify::projected(&fleet.reads).await?;
+    let disagreements = verify::report(&expected, &projected);
+    let elapsed = started.elapsed();
+    if disagreements == 0 {
+        println!(
+            "\nall three projections agree with the event store ({:.1} s)",
+            elapsed.as_secs_f64()
+        );
+        Ok(())
+    } else {
+        anyhow::bail!("{disagreements} disagreement(s) between the projections and the event store")
+    }
+}
+
+fn step(started: Instant, text: &str) {
+    println!("[{:>5.1}s] {text}", started.elapsed().as_secs_f64());
+}
+
+async fn fresh_database(services: &Services, name: &str, url: &str) -> anyhow::Result<PgPool> {
+    anyhow::ensure!(
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+        "the demo database name may only use letters, digits and '_'"
+    );
+    let admin = store::connect(&services.database_url("postgres"), "waybill-demo", 1).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await
+    .context("dropping the previous demo database")?;
+    admin.close().await;
+    store::ensure_database(url).await?;
+    let pool = store::connect(url, "waybill-demo", 4).await?;
+    store::migrate(&pool).await?;
+    Ok(pool)
+}
+
+/// Appends an `order.placed` v1 (the legacy shape) through the store, as a migration from the old
+/// system would: the event and its outbox row in one statement.
+async fn legacy_order(pool: &PgPool) -> anyhow::Result<Uuid> {
+    let order = Uuid::now_v7();
+    let envelope = EventEnvelope {
+        event_id: Uuid::now_v7(),
+        event_type: "order.placed".into(),
+        event_version: 1,
+        aggregate_type: "order".into(),
+        aggregate_id: order,
+        aggregate_version: 1,
+        occurred_at: Utc::now(),
+        correlation_id: None,
+        causation_id: None,
+        payload: json!({"order_no": "A-1001", "amount_cents": 4200}),
+    };
+    store::append(
+        pool,
+        order,
+        0,
+        &[envelope],
+        &store::AppendOptions::default(),
+    )
+    .await?;
+    store::notify_now(pool).await?;
+    Ok(order)
+}
+
+/// How many messages in the demo stream carry `event_id`.
+async fn copies_in_stream(js: &jetstream::Context, event_id: Uuid) -> anyhow::Result<u64> {
+    let mut stream = js.get_stream(STREAM).await?;
+    let state = stream.info().await?.state.clone();
+    let mut copies = 0;
+    for sequence in state.first_sequence..=state.last_sequence {
+        if state.messages == 0 {
+            break;
+        }
+        if let Ok(message) = stream.get_raw_message(sequence).await
+            && EventEnvelope::from_json(&message.payload).is_ok_and(|e| e.event_id == event_id)
+        {
+            copies += 1;
+        }
+    }
+    Ok(copies)
+}
+
+/// Publishes the stored message of `event_id` again under a new message id (as a misbehaving
+/// producer would), so JetStream stores a second copy.
+async fn republish_with_new_id(js: &jetstream::Context, event_id: Uuid) -> anyhow::Result<()> {
+    let mut stream = js.get_stream(STREAM).await?;
+    let state = stream.info().await?.state.clone();
+    for sequence in state.first_sequence..=state.last_sequence {
+        let Ok(message) = stream.get_raw_message(sequence).await else {
+            continue;
+        };
+        if EventEnvelope::from_json(&message.payload).is_ok_and(|e| e.event_id == event_id) {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(
+                domain::wire::MSG_ID,
+                format!("demo-duplicate-{}", Uuid::now_v7()).as_str(),
+            );
+            js.publish_with_headers(message.subject.to_string(), headers, message.payload)
+                .await?
+                .await?;
+            return Ok(());
+        }
+    }
+    anyhow::bail!("event {event_id} is not in the stream")
+}
+
+/// True when no outbox row waits and every projection has applied everything.
+async fn settled(pool: &PgPool, js: &jetstream::Context) -> bool {
+    let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status <> 'sent'")
+        .fetch_one(pool)
+        .await
+        .unwrap_or(1);
+    unsent == 0
+        && lag(js)
+            .await
+            .is_some_and(|lags| lags.iter().all(|(_, lag)| *lag == 0))
+}
+
+/// Each projection consumer's messages not yet applied (undelivered plus unacknowledged).
+async fn lag(js: &jetstream::Context) -> Option<Vec<(&'static str, u64)>> {
+    let stream = js.get_stream(STREAM).await.ok()?;
+    let mut lags = Vec::new();
+    for name in [Inventory::NAME, Points::NAME, Search::NAME] {
+        let mut consumer: jetstream::consumer::PullConsumer =
+            stream.get_consumer(name).await.ok()?;
+        let info = consumer.info().await.ok()?;
+        lags.push((name, info.num_pending + info.num_ack_pending as u64));
+    }
+    Some(lags)
+}
+
+/// A progress line every second while the story plays.
+async fn progress(
+    pool: PgPool,
+    js: jetstream::Context,
+    played: Arc<Played>,
+    orders: usize,
+    started: Instant,
+) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let counts: Vec<(String, i64)> =
+            sqlx::query_as("SELECT status, count(*) FROM outbox GROUP BY status ORDER BY status")
+                .fetch_all(&pool)
+                .await
+                .unwrap_or_default();
+        let outbox: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        let lags = lag(&js).await.unwrap_or_default();
+        let behind: Vec<String> = lags
+            .iter()
+            .map(|(name, lag)| format!("{name} {lag}"))
+            .collect();
+        println!(
+            "[{:>5.1}s]   orders {}/{orders} | outbox: {} | projections behind: {}",
+            started.elapsed().as_secs_f64(),
+            played.placed.load(Ordering::Relaxed),
+            outbox.join(", "),
+            behind.join(", ")
+        );
+    }
+}
+
+async fn wait_for<F, Fut>(mut check: F, timeout: Duration) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}

@@ -1,0 +1,109 @@
+//! PostgreSQL and NATS for the demo (and `waybill services`): the configured ones when they answer,
+//! private ones started from the installed binaries when they do not.
+
+use anyhow::Context;
+use ops::{NatsServer, PostgresServer};
+
+/// The services in use; private ones stop when this is dropped.
+#[derive(Debug)]
+pub struct Services {
+    /// `postgres://…` without the database name.
+    pub postgres_server: String,
+    /// The NATS URL.
+    pub nats_url: String,
+    /// Set when PostgreSQL was started for this run.
+    pub private_postgres: Option<PostgresServer>,
+    /// Set when NATS was started for this run.
+    pub private_nats: Option<NatsServer>,
+}
+
+impl Services {
+    /// Uses the services at `database_url` and `nats_url` when they accept connections, and starts
+    /// private ones in their place when they do not.
+    pub fn ensure(database_url: &str, nats_url: &str) -> anyhow::Result<Self> {
+        let (server, _) = database_url
+            .rsplit_once('/')
+            .context("the database URL has no database path")?;
+        let (pg_host, pg_port) = host_port(database_url, 5432);
+        let (nats_host, nats_port) = host_port(nats_url, 4222);
+        let mut services = Self {
+            postgres_server: server.to_owned(),
+            nats_url: nats_url.to_owned(),
+            private_postgres: None,
+            private_nats: None,
+        };
+        if !ops::reachable(&pg_host, pg_port) {
+            let private = PostgresServer::start()
+                .with_context(|| format!("PostgreSQL is not reachable at {pg_host}:{pg_port} and a private one could not start"))?;
+            services.postgres_server = private.url("").trim_end_matches('/').to_owned();
+            services.private_postgres = Some(private);
+        }
+        if !ops::reachable(&nats_host, nats_port) {
+            let private = NatsServer::start()
+                .with_context(|| format!("NATS is not reachable at {nats_host}:{nats_port} and a private one could not start"))?;
+            services.nats_url = private.url();
+            services.private_nats = Some(private);
+        }
+        Ok(services)
+    }
+
+    /// The URL of `database` on the PostgreSQL in use.
+    pub fn database_url(&self, database: &str) -> String {
+        format!("{}/{database}", self.postgres_server)
+    }
+
+    /// One line per service: where it is and whose it is.
+    pub fn describe(&self) -> [String; 2] {
+        let whose = |private: bool| {
+            if private {
+                "private, started for this run"
+            } else {
+                "already running"
+            }
+        };
+        [
+            format!(
+                "PostgreSQL {} ({})",
+                crate::failure::redact(&self.postgres_server),
+                whose(self.private_postgres.is_some())
+            ),
+            format!(
+                "NATS       {} ({})",
+                self.nats_url,
+                whose(self.private_nats.is_some())
+            ),
+        ]
+    }
+}
+
+/// Host and port of a `scheme://[user[:password]@]host[:port][/…]` URL.
+fn host_port(url: &str, default_port: u16) -> (String, u16) {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    match host_port.rsplit_once(':') {
+        Some((host, port)) => (host.to_owned(), port.parse().unwrap_or(default_port)),
+        None => (host_port.to_owned(), default_port),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_and_ports_come_out_of_urls() {
+        assert_eq!(
+            host_port("postgres://u:p@db.local:6543/x", 5432),
+            ("db.local".into(), 6543)
+        );
+        assert_eq!(
+            host_port("postgres://127.0.0.1/waybill", 5432),
+            ("127.0.0.1".into(), 5432)
+        );
+        assert_eq!(
+            host_port("nats://127.0.0.1:4222", 4222),
+            ("127.0.0.1".into(), 4222)
+        );
+    }
+}

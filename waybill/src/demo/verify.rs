@@ -1,0 +1,179 @@
+//! What the projections must say, computed straight from the event store by folding every order, and
+//! what they do say, read from their HTTP APIs — side by side.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use domain::{OrderId, OrderStatus};
+use reqwest::Client;
+use serde_json::Value;
+use sqlx::PgPool;
+use store::EventStore;
+use uuid::Uuid;
+
+/// The state all three projections describe, in comparable form.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Truth {
+    /// SKU → (reserved, shipped, released).
+    pub stock: BTreeMap<String, (i64, i64, i64)>,
+    /// Customer → points.
+    pub points: BTreeMap<String, i64>,
+    /// Status → orders in it.
+    pub statuses: BTreeMap<String, BTreeSet<Uuid>>,
+}
+
+/// The truth according to the event store: every order folded from its events.
+pub async fn expected(pool: &PgPool) -> anyhow::Result<Truth> {
+    let store = EventStore::new(pool.clone());
+    let ids: Vec<Uuid> = sqlx::query_scalar("SELECT DISTINCT aggregate_id FROM events")
+        .fetch_all(pool)
+        .await?;
+    let mut truth = Truth::default();
+    for id in ids {
+        let order = store.load(OrderId::from_uuid(id)).await?;
+        let customer = order
+            .customer_id
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        for line in &order.lines {
+            let entry = truth.stock.entry(line.sku.to_string()).or_default();
+            let quantity = i64::from(line.quantity.get());
+            match order.status {
+                OrderStatus::Placed | OrderStatus::Paid => entry.0 += quantity,
+                OrderStatus::Shipped => entry.1 += quantity,
+                OrderStatus::Cancelled => entry.2 += quantity,
+                OrderStatus::New => {}
+            }
+        }
+        // Paid and not cancelled keeps its points; a cancelled paid order gave them back.
+        let kept = if order.status == OrderStatus::Cancelled {
+            0
+        } else {
+            order.paid_cents / projections::points::CENTS_PER_POINT
+        };
+        if order.paid_cents > 0 {
+            *truth.points.entry(customer).or_default() += kept;
+        }
+        truth
+            .statuses
+            .entry(order.status.to_string())
+            .or_default()
+            .insert(id);
+    }
+    Ok(truth)
+}
+
+/// The truth according to the projections' read APIs.
+pub async fn projected(reads: &[(&'static str, String)]) -> anyhow::Result<Truth> {
+    let client = Client::new();
+    let url = |name: &str, path: &str| {
+        reads
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, base)| format!("{base}{path}"))
+            .unwrap_or_default()
+    };
+    let mut truth = Truth::default();
+    let stock: Value = client
+        .get(url("inventory", "/stock"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    for s in stock.as_array().into_iter().flatten() {
+        let counters = (
+            s["reserved"].as_i64().unwrap_or(0),
+            s["shipped"].as_i64().unwrap_or(0),
+            s["released"].as_i64().unwrap_or(0),
+        );
+        truth
+            .stock
+            .insert(s["sku"].as_str().unwrap_or("").to_owned(), counters);
+    }
+    let accounts: Value = client
+        .get(url("points", "/customers"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    for a in accounts.as_array().into_iter().flatten() {
+        truth.points.insert(
+            a["customer_id"].as_str().unwrap_or("").to_owned(),
+            a["balance"].as_i64().unwrap_or(0),
+        );
+    }
+    for status in ["placed", "paid", "shipped", "cancelled"] {
+        let found: Value = client
+            .get(url("search", &format!("/search?q={status}&limit=500")))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let ids: BTreeSet<Uuid> = found
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|d| d["status"] == status)
+            .filter_map(|d| d["order_id"].as_str().and_then(|s| Uuid::parse_str(s).ok()))
+            .collect();
+        if !ids.is_empty() {
+            truth.statuses.insert(status.to_owned(), ids);
+        }
+    }
+    Ok(truth)
+}
+
+/// Prints the comparison; returns the number of disagreements.
+pub fn report(expected: &Truth, projected: &Truth) -> usize {
+    let mut disagreements = 0;
+    let mark = |same: bool| if same { "ok" } else { "DIFFERS" };
+    println!("\ninventory (reserved / shipped / released)      event store       projection");
+    let skus: BTreeSet<&String> = expected
+        .stock
+        .keys()
+        .chain(projected.stock.keys())
+        .collect();
+    for sku in skus {
+        let (e, p) = (
+            expected.stock.get(sku).copied().unwrap_or_default(),
+            projected.stock.get(sku).copied().unwrap_or_default(),
+        );
+        disagreements += usize::from(e != p);
+        println!(
+            "  {sku:<12} {:>28} {:>16}  {}",
+            format!("{}/{}/{}", e.0, e.1, e.2),
+            format!("{}/{}/{}", p.0, p.1, p.2),
+            mark(e == p)
+        );
+    }
+    println!("points (balance)");
+    let customers: BTreeSet<&String> = expected
+        .points
+        .keys()
+        .chain(projected.points.keys())
+        .collect();
+    for customer in customers {
+        let (e, p) = (
+            expected.points.get(customer).copied().unwrap_or(0),
+            projected.points.get(customer).copied().unwrap_or(0),
+        );
+        disagreements += usize::from(e != p);
+        println!("  {customer:<12} {e:>28} {p:>16}  {}", mark(e == p));
+    }
+    println!("search (orders found by status)");
+    for status in ["placed", "paid", "shipped", "cancelled"] {
+        let empty = BTreeSet::new();
+        let (e, p) = (
+            expected.statuses.get(status).unwrap_or(&empty),
+            projected.statuses.get(status).unwrap_or(&empty),
+        );
+        disagreements += usize::from(e != p);
+        println!(
+            "  {status:<12} {:>28} {:>16}  {}",
+            e.len(),
+            p.len(),
+            mark(e == p)
+        );
+    }
+    disagreements
+}
