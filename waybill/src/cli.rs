@@ -50,6 +50,8 @@ pub enum Command {
     /// the three projections, a scripted story with a relay crash, a legacy event and a duplicate,
     /// then a comparison of the projections with the event store (exit 0 only when they agree).
     Demo(crate::demo::DemoArgs),
+    /// Play realistic order lifecycles against the order service, with a progress bar and a summary.
+    Load(crate::load::LoadArgs),
     /// Start private PostgreSQL and NATS servers for whichever of DATABASE_URL and NATS_URL does not
     /// answer, print their URLs as shell exports, and keep them until SIGTERM/Ctrl-C.
     Services(ServicesArgs),

@@ -5,6 +5,7 @@ mod cli;
 mod demo;
 mod failure;
 mod http;
+mod load;
 mod migrate;
 mod openapi;
 mod orders;
@@ -24,7 +25,9 @@ async fn main() -> ExitCode {
     // Long-running services say what they do; one-shot commands only warn.
     ops::init_logging(match cli.command {
         Command::Serve(_) => "info,sqlx=warn",
-        Command::Demo(_) | Command::Services(_) => "warn,relay=error,projections=error",
+        Command::Demo(_) | Command::Services(_) | Command::Load(_) => {
+            "warn,relay=error,projections=error"
+        }
         _ => "warn",
     });
     let json = cli.json;
@@ -44,6 +47,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             .await
             .map_err(Failure::from),
         Command::Services(args) => services(&cli.database_url, args)
+            .await
+            .map_err(Failure::from),
+        Command::Load(args) => load::run(&cli.database_url, args, cli.json)
             .await
             .map_err(Failure::from),
         Command::Schema(args) => {

@@ -5,7 +5,7 @@
 //! projections say with what the event store says. Exits 0 only when they agree.
 
 mod fleet;
-mod scenario;
+pub mod scenario;
 pub mod services;
 mod verify;
 

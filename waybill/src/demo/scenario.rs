@@ -106,8 +106,9 @@ fn mix(i: usize, salt: usize) -> usize {
     (i.wrapping_mul(2_654_435_761) ^ salt.wrapping_mul(40_503)) % 1_000_003
 }
 
-/// Plays order `i`'s lifecycle.
-async fn play_one(api: &Api, i: usize, played: &Played) -> anyhow::Result<()> {
+/// Plays order `i`'s lifecycle: placed, then (three in four) paid and shipped or cancelled, or (one in
+/// four) left placed or cancelled unpaid, with a refused command on the way.
+pub async fn play_one(api: &Api, i: usize, played: &Played) -> anyhow::Result<()> {
     let customer = CUSTOMERS[mix(i, 1) % CUSTOMERS.len()];
     let line_count = 1 + mix(i, 2) % 3;
     let lines: Vec<Value> = (0..line_count)
