@@ -23,13 +23,15 @@ const PREFIX: &str = "crashwindow.events";
 async fn main() -> anyhow::Result<()> {
     let server_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://127.0.0.1:5432/waybill".to_owned());
-    let (server, _) = server_url
-        .rsplit_once('/')
-        .context("DATABASE_URL has no database path")?;
-    let database_url = format!("{server}/waybill_example_crash_window");
+    let database_url = store::with_database(&server_url, "waybill_example_crash_window");
     let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
 
-    let admin = store::connect(&format!("{server}/postgres"), "crash-window-example", 1).await?;
+    let admin = store::connect(
+        &store::with_database(&server_url, "postgres"),
+        "crash-window-example",
+        1,
+    )
+    .await?;
     sqlx::query("DROP DATABASE IF EXISTS waybill_example_crash_window WITH (FORCE)")
         .execute(&admin)
         .await?;

@@ -8,7 +8,6 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use clap::Parser;
@@ -54,10 +53,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let base = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://127.0.0.1:5432/waybill".into());
-    let (server, _) = base
-        .rsplit_once('/')
-        .context("DATABASE_URL has no database")?;
-    let url = format!("{server}/waybill_bench_projections");
+    let url = store::with_database(&base, "waybill_bench_projections");
     let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let js = jetstream::new(async_nats::connect(&nats_url).await?);
     let _ = js.delete_stream(STREAM).await;

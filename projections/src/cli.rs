@@ -5,13 +5,75 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::process::ExitCode;
+
 use anyhow::Context;
-use clap::{Args, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::json;
 use sqlx::{PgPool, Row};
 
 use crate::projection::Projection;
 use crate::runner::{FailPoint, Runner, RunnerConfig, Tally};
+
+/// The command line of a projection binary: connection flags, the commands every projection has, and
+/// the binary's own read commands `R`.
+#[derive(Debug, Parser)]
+#[command(version, max_term_width = 100)]
+pub struct Cli<R: Subcommand> {
+    #[command(flatten)]
+    connection: Connection,
+
+    /// Print machine-readable JSON on standard output.
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command<R>,
+}
+
+/// The shared commands and the binary's own.
+#[derive(Debug, Subcommand)]
+pub enum Command<R: Subcommand> {
+    #[command(flatten)]
+    Common(Common),
+    #[command(flatten)]
+    Read(R),
+}
+
+/// The whole `main` of a projection binary: parses the command line (named `waybill-<name>` and
+/// described by `about`), sets up logging, runs the command — the shared ones here, the binary's own
+/// through `read` with a pool on the projection's schema — and turns the outcome into an exit code.
+pub async fn main<P: Projection, R: Subcommand + std::fmt::Debug>(
+    projection: P,
+    about: &'static str,
+    read_routes: impl FnOnce(PgPool) -> axum::Router,
+    read: impl AsyncFnOnce(R, PgPool, bool) -> anyhow::Result<()>,
+) -> ExitCode {
+    let matches = Cli::<R>::command()
+        .name(format!("waybill-{}", P::NAME))
+        .about(about)
+        .get_matches();
+    let cli = match Cli::<R>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    ops::init_logging("info,sqlx=warn,async_nats=warn");
+    let outcome = match cli.command {
+        Command::Common(common) => {
+            run_common(projection, &cli.connection, common, cli.json, read_routes).await
+        }
+        Command::Read(command) => {
+            match crate::schema::connect(&cli.connection.database_url, P::NAME, P::TABLES).await {
+                Ok(pool) => read(command, pool, cli.json).await,
+                Err(error) => Err(error),
+            }
+        }
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => ops::report_failure(&error, false, cli.json),
+    }
+}
 
 /// Where the projection keeps its state and where it reads events from.
 #[derive(Debug, Args)]

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use clap::Parser;
@@ -64,10 +63,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let base = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://127.0.0.1:5432/waybill".into());
-    let (server, _) = base
-        .rsplit_once('/')
-        .context("DATABASE_URL has no database")?;
-    let url = format!("{server}/waybill_bench_relay");
+    let url = store::with_database(&base, "waybill_bench_relay");
     let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     store::ensure_database(&url).await?;
     let pool = store::connect(&url, "waybill-bench", 8).await?;

@@ -52,10 +52,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let base = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://127.0.0.1:5432/waybill".into());
-    let (server, _) = base
-        .rsplit_once('/')
-        .ok_or_else(|| anyhow::anyhow!("DATABASE_URL has no database"))?;
-    let url = format!("{server}/waybill_bench_commands");
+    let url = store::with_database(&base, "waybill_bench_commands");
     store::ensure_database(&url).await?;
     let max_writers = args.writers.iter().copied().max().unwrap_or(1) as u32;
     let pool = store::connect(&url, "waybill-bench", max_writers + 2).await?;
@@ -191,9 +188,17 @@ async fn measure(
     })
 }
 
-/// The baseline: the same two rows, written by a plain transaction with no domain logic or checks.
+/// The baseline: the same two rows (the event, and its outbox row with the same body), written by a
+/// plain transaction with no domain logic or checks.
 async fn plain_insert(pool: &PgPool) -> anyhow::Result<()> {
     let (event_id, aggregate_id) = (Uuid::now_v7(), Uuid::now_v7());
+    let payload = json!({"customer_id": "bench", "currency": "EUR", "lines": [
+        {"sku": "MUG-BLUE", "quantity": 2, "unit_price_cents": 1250},
+        {"sku": "TEA", "quantity": 1, "unit_price_cents": 500}], "total_cents": 3000});
+    let body = json!({"event_id": event_id, "event_type": "order.placed", "event_version": 2,
+        "aggregate_type": "order", "aggregate_id": aggregate_id, "aggregate_version": 1,
+        "occurred_at": chrono::Utc::now(), "correlation_id": null, "causation_id": null, "payload": payload})
+    .to_string();
     let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
@@ -202,17 +207,16 @@ async fn plain_insert(pool: &PgPool) -> anyhow::Result<()> {
     )
     .bind(event_id)
     .bind(aggregate_id)
-    .bind(json!({"customer_id": "bench", "currency": "EUR", "lines": [
-        {"sku": "MUG-BLUE", "quantity": 2, "unit_price_cents": 1250},
-        {"sku": "TEA", "quantity": 1, "unit_price_cents": 500}], "total_cents": 3000}))
+    .bind(&payload)
     .execute(&mut *tx)
     .await?;
     sqlx::query(
-        "INSERT INTO outbox (event_id, event_type, aggregate_id, aggregate_version)
-         VALUES ($1, 'order.placed', $2, 1)",
+        "INSERT INTO outbox (event_id, event_type, event_version, aggregate_id, aggregate_version, body)
+         VALUES ($1, 'order.placed', 2, $2, 1, $3)",
     )
     .bind(event_id)
     .bind(aggregate_id)
+    .bind(&body)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;

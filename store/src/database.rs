@@ -29,6 +29,24 @@ pub fn connect_options(url: &str) -> sqlx::Result<PgConnectOptions> {
     Ok(options.username(&user))
 }
 
+/// `url` with its database name replaced by `database`: the same server, user and options.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (address, options) = url
+        .split_once('?')
+        .map_or((url, None), |(a, o)| (a, Some(o)));
+    let server = match address.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('/') {
+            Some((authority, _)) => format!("{scheme}://{authority}"),
+            None => address.to_owned(),
+        },
+        None => address.to_owned(),
+    };
+    match options {
+        Some(options) => format!("{server}/{database}?{options}"),
+        None => format!("{server}/{database}"),
+    }
+}
+
 /// Opens a pool on `url`, naming the connections after `application` in `pg_stat_activity`.
 pub async fn connect(url: &str, application: &str, max_connections: u32) -> sqlx::Result<PgPool> {
     connect_with(url, application, max_connections, &[]).await
@@ -118,6 +136,22 @@ pub fn has_sqlstate(err: &sqlx::Error, code: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_database_on_the_same_server() {
+        assert_eq!(
+            with_database("postgres://u@h:5432/a", "b"),
+            "postgres://u@h:5432/b"
+        );
+        assert_eq!(
+            with_database("postgres://h/a?sslmode=disable", "b"),
+            "postgres://h/b?sslmode=disable"
+        );
+        assert_eq!(
+            with_database("postgres://h:5432", "b"),
+            "postgres://h:5432/b"
+        );
+    }
 
     #[test]
     fn a_user_named_in_the_url_is_kept() {

@@ -13,7 +13,7 @@ pub use append::{AppendError, AppendOptions, AppendResult, append};
 pub use commands::{CommandContext, CommandError, CommandOutcome, EventStore};
 pub use database::{
     connect, connect_options, connect_with, ensure_database, has_sqlstate, is_undefined_table,
-    migrate,
+    migrate, with_database,
 };
 pub use load::{LoadError, envelope_from_row, load_envelopes, load_order};
 pub use notify::{OUTBOX_CHANNEL, OutboxNotifier, notify_now};

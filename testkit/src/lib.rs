@@ -20,10 +20,7 @@ pub async fn database_url(pool: &PgPool) -> String {
         .await
         .expect("current_database()");
     let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for sqlx::test");
-    let (server, _) = base
-        .rsplit_once('/')
-        .expect("DATABASE_URL has a database path");
-    format!("{server}/{name}")
+    store::with_database(&base, &name)
 }
 
 /// A place-order command for `customer` with the given `SKU:QTY:PRICE` lines.

@@ -12,8 +12,7 @@ async fn url_of(pool: &PgPool) -> String {
         .await
         .expect("database name");
     let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for sqlx::test");
-    let (server, _) = base.rsplit_once('/').expect("URL has a database path");
-    format!("{server}/{name}")
+    store::with_database(&base, &name)
 }
 
 struct Run {
@@ -404,9 +403,8 @@ async fn an_unmigrated_database_gets_a_hint(pool: PgPool) {
 #[tokio::test]
 async fn migrate_creates_a_missing_database_and_is_idempotent() {
     let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let (server, _) = base.rsplit_once('/').expect("path");
     let name = format!("waybill_migrate_{}", Uuid::now_v7().simple());
-    let url = format!("{server}/{name}");
+    let url = store::with_database(&base, &name);
 
     let first = waybill(&url, &["migrate", "--json"]).await;
     assert_eq!(first.code, 0, "{}", first.stderr);

@@ -2,34 +2,12 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use projections::cli::{Common, Connection, run_common};
-use projections::{Inventory, Projection, inventory, schema};
+use clap::Subcommand;
+use projections::{Inventory, inventory};
 
-/// waybill-inventory: keeps per-SKU stock counters from the order events.
-///
-/// `reserved` counts units in placed or paid orders not yet shipped or cancelled, `shipped` units
-/// shipped, `released` units of cancelled orders. State lives in the `inventory` schema of
-/// DATABASE_URL, next to its per-order checkpoints; events come from the durable consumer `inventory`.
-/// Exit codes: 0 success, 2 refused input, 1 failure.
-#[derive(Debug, Parser)]
-#[command(name = "waybill-inventory", version, max_term_width = 100)]
-struct Cli {
-    #[command(flatten)]
-    connection: Connection,
-
-    /// Print machine-readable JSON on standard output.
-    #[arg(long, global = true)]
-    json: bool,
-
-    #[command(subcommand)]
-    command: Command,
-}
-
+/// What only this projection can answer.
 #[derive(Debug, Subcommand)]
-enum Command {
-    #[command(flatten)]
-    Common(Common),
+enum Read {
     /// Print the counters of every SKU (or one).
     Show {
         /// Only this SKU.
@@ -38,25 +16,21 @@ enum Command {
     },
 }
 
+const ABOUT: &str = "waybill-inventory: keeps per-SKU stock counters from the order events.\n\n\
+    `reserved` counts units in placed or paid orders not yet shipped or cancelled, `shipped` \
+    units shipped, `released` units of cancelled orders. State lives in the `inventory` schema \
+    of DATABASE_URL, next to its per-order checkpoints; events come from the durable consumer \
+    `inventory`. With --metrics-listen, `run` also serves GET /stock and /stock/{sku}. Exit \
+    codes: 0 success, 2 refused input, 1 failure.";
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    ops::init_logging("info,sqlx=warn,async_nats=warn");
-    let cli = Cli::parse();
-    match run(cli.command, &cli.connection, cli.json).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => ops::report_failure(&error, false, cli.json),
-    }
-}
-
-async fn run(command: Command, connection: &Connection, json: bool) -> anyhow::Result<()> {
-    match command {
-        Command::Common(common) => {
-            run_common(Inventory, connection, common, json, inventory::routes).await
-        }
-        Command::Show { sku } => {
-            let pool =
-                schema::connect(&connection.database_url, Inventory::NAME, Inventory::TABLES)
-                    .await?;
+    projections::cli::main(
+        Inventory,
+        ABOUT,
+        inventory::routes,
+        async |read, pool, json| {
+            let Read::Show { sku } = read;
             let stock = inventory::stock(&pool, sku.as_deref()).await?;
             if json {
                 println!("{}", serde_json::to_string(&stock)?);
@@ -73,6 +47,7 @@ async fn run(command: Command, connection: &Connection, json: bool) -> anyhow::R
                 }
             }
             Ok(())
-        }
-    }
+        },
+    )
+    .await
 }

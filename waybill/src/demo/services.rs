@@ -7,8 +7,8 @@ use ops::{NatsServer, PostgresServer};
 /// The services in use; private ones stop when this is dropped.
 #[derive(Debug)]
 pub struct Services {
-    /// `postgres://…` without the database name.
-    pub postgres_server: String,
+    /// A URL of the PostgreSQL in use (its database name is replaced as needed).
+    pub postgres_url: String,
     /// The NATS URL.
     pub nats_url: String,
     /// Set when PostgreSQL was started for this run.
@@ -21,13 +21,10 @@ impl Services {
     /// Uses the services at `database_url` and `nats_url` when they accept connections, and starts
     /// private ones in their place when they do not.
     pub fn ensure(database_url: &str, nats_url: &str) -> anyhow::Result<Self> {
-        let (server, _) = database_url
-            .rsplit_once('/')
-            .context("the database URL has no database path")?;
         let (pg_host, pg_port) = host_port(database_url, 5432);
         let (nats_host, nats_port) = host_port(nats_url, 4222);
         let mut services = Self {
-            postgres_server: server.to_owned(),
+            postgres_url: database_url.to_owned(),
             nats_url: nats_url.to_owned(),
             private_postgres: None,
             private_nats: None,
@@ -35,7 +32,7 @@ impl Services {
         if !ops::reachable(&pg_host, pg_port) {
             let private = PostgresServer::start()
                 .with_context(|| format!("PostgreSQL is not reachable at {pg_host}:{pg_port} and a private one could not start"))?;
-            services.postgres_server = private.url("").trim_end_matches('/').to_owned();
+            services.postgres_url = private.url("postgres");
             services.private_postgres = Some(private);
         }
         if !ops::reachable(&nats_host, nats_port) {
@@ -49,7 +46,7 @@ impl Services {
 
     /// The URL of `database` on the PostgreSQL in use.
     pub fn database_url(&self, database: &str) -> String {
-        format!("{}/{database}", self.postgres_server)
+        store::with_database(&self.postgres_url, database)
     }
 
     /// One line per service: where it is and whose it is.
@@ -64,7 +61,7 @@ impl Services {
         [
             format!(
                 "PostgreSQL {} ({})",
-                crate::failure::redact(&self.postgres_server),
+                crate::failure::redact(&self.database_url("")).trim_end_matches('/'),
                 whose(self.private_postgres.is_some())
             ),
             format!(
