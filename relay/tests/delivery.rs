@@ -181,19 +181,7 @@ async fn nats_going_away_mid_batch_loses_nothing(pool: PgPool) {
         async move { relay.step().await }
     });
     // Stop the broker once part of the batch is in the stream.
-    let observer = h.jetstream.clone();
-    wait_until(Duration::from_secs(20), "the first publishes", || {
-        let js = observer.clone();
-        async move {
-            let mut stream = js.get_stream(STREAM).await.expect("stream");
-            stream
-                .info()
-                .await
-                .map(|i| i.state.messages >= 100)
-                .unwrap_or(false)
-        }
-    })
-    .await;
+    h.wait_for_messages(100).await;
     h.nats.stop();
     let report = step
         .await
@@ -499,19 +487,7 @@ async fn a_graceful_stop_settles_what_was_published_and_releases_the_rest(pool: 
                 .await
         }
     });
-    let observer = h.jetstream.clone();
-    wait_until(Duration::from_secs(20), "some publishes", || {
-        let js = observer.clone();
-        async move {
-            let mut stream = js.get_stream(STREAM).await.expect("stream");
-            stream
-                .info()
-                .await
-                .map(|i| i.state.messages >= 50)
-                .unwrap_or(false)
-        }
-    })
-    .await;
+    h.wait_for_messages(50).await;
     stop_tx.send(true).expect("stop");
     let summary = tokio::time::timeout(Duration::from_secs(15), run)
         .await

@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -16,7 +15,7 @@ use domain::{
     OrderLine, OrderStatus, PayOrder, PlaceOrder, Quantity, ShipOrder, Sku, ValueError,
 };
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use store::{CommandContext, CommandError, CommandOutcome, EventStore};
 use uuid::Uuid;
 
@@ -166,15 +165,11 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> 
                 _ => Problem::new(
                     StatusCode::BAD_REQUEST,
                     "malformed-body",
-                    body_text(&rejection),
+                    rejection.body_text(),
                 ),
             }),
         }
     }
-}
-
-fn body_text(rejection: &JsonRejection) -> String {
-    rejection.body_text()
 }
 
 #[derive(Debug, Deserialize)]
@@ -441,15 +436,4 @@ async fn observe(request: Request, next: Next) -> Response {
         .record(started.elapsed().as_secs_f64());
     tracing::info!(%method, %route, status, elapsed_ms = started.elapsed().as_millis() as u64, "request");
     response
-}
-
-/// A JSON value's use in a test or the OpenAPI document: the order view has this shape.
-pub fn order_example() -> Value {
-    json!({
-        "order_id": "0190a0b1-0000-7000-8000-00000000a002", "version": 2, "status": "paid",
-        "customer_id": "alice", "currency": "EUR",
-        "lines": [{"sku": "MUG-BLUE", "quantity": 2, "unit_price_cents": 1250}],
-        "total_cents": 2500, "paid_cents": 2500, "payment_ref": "psp-1",
-        "cancel_reason": null, "carrier": null, "tracking_number": null
-    })
 }

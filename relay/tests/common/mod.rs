@@ -72,6 +72,23 @@ impl Harness {
         testkit::stream_events(&self.jetstream, STREAM).await
     }
 
+    /// Waits until the stream holds at least `count` messages.
+    pub async fn wait_for_messages(&self, count: u64) {
+        let js = self.jetstream.clone();
+        wait_until(
+            Duration::from_secs(20),
+            &format!("{count} messages in the stream"),
+            || {
+                let js = js.clone();
+                async move {
+                    let mut stream = js.get_stream(STREAM).await.expect("stream");
+                    stream.info().await.is_ok_and(|i| i.state.messages >= count)
+                }
+            },
+        )
+        .await;
+    }
+
     pub async fn count(&self, sql: &'static str) -> i64 {
         sqlx::query_scalar(sql)
             .fetch_one(&self.pool)
