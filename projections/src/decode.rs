@@ -49,21 +49,23 @@ pub struct RawMessage {
 }
 
 impl RawMessage {
-    /// The headers as a JSON object (multi-valued headers become arrays), for the parked table.
+    /// The headers as a JSON object (multi-valued headers become arrays), for the parked table. NUL
+    /// characters are dropped: PostgreSQL's JSON cannot hold them.
     pub fn headers_json(&self) -> Value {
+        let clean = |s: &str| s.replace('\0', "");
         let mut object = Map::new();
         if let Some(headers) = &self.headers {
             for (name, values) in headers.iter() {
                 let values: Vec<Value> = values
                     .iter()
-                    .map(|v| Value::String(v.as_str().to_owned()))
+                    .map(|v| Value::String(clean(v.as_str())))
                     .collect();
                 let value = if values.len() == 1 {
                     values[0].clone()
                 } else {
                     Value::Array(values)
                 };
-                object.insert(name.to_string(), value);
+                object.insert(clean(name.as_ref()), value);
             }
         }
         Value::Object(object)

@@ -214,6 +214,14 @@ impl<P: Projection> Runner<P> {
                 wanted.ack_policy
             );
         }
+        if actual.ack_wait != wanted.ack_wait || actual.max_ack_pending != wanted.max_ack_pending {
+            tracing::warn!(
+                consumer = P::NAME,
+                ack_wait = ?actual.ack_wait,
+                max_ack_pending = actual.max_ack_pending,
+                "the existing consumer keeps its own ack wait and ack-pending limit; `rebuild` recreates it with the new ones"
+            );
+        }
         Ok(consumer)
     }
 
@@ -253,8 +261,8 @@ impl<P: Projection> Runner<P> {
         metrics::describe();
         tokio::pin!(shutdown);
         let mut tally = Tally::default();
-        let mut idle_since: Option<Instant> = None;
-        let mut last_ack_pending = u64::MAX;
+        // When a message was last applied, found a duplicate or parked: gaps alone are no progress.
+        let mut last_progress = Instant::now();
         'connect: loop {
             let consumer = match self.consumer().await {
                 Ok(consumer) => consumer,
@@ -290,17 +298,12 @@ impl<P: Projection> Runner<P> {
                     }
                     Ok(None) => continue 'connect,
                     Err(_idle) => {
-                        if once
-                            && self
-                                .caught_up(&mut idle_since, &mut last_ack_pending)
-                                .await?
-                        {
+                        if once && self.caught_up(last_progress).await? {
                             return Ok(tally);
                         }
                         continue;
                     }
                 };
-                idle_since = None;
                 let mut batch = vec![first];
                 while batch.len() < self.config.batch_size {
                     match tokio::time::timeout(self.config.linger, messages.next()).await {
@@ -309,19 +312,24 @@ impl<P: Projection> Runner<P> {
                     }
                 }
                 let report = self.handle(batch).await;
+                let moved = report.applied + report.duplicates + report.parked > 0;
+                if moved {
+                    last_progress = Instant::now();
+                }
                 tally.merge(&report);
                 progress(&tally);
+                // Gaps that keep coming back are not progress: --once must still end.
+                if once && !moved && self.caught_up(last_progress).await? {
+                    return Ok(tally);
+                }
             }
         }
     }
 
     /// With `--once`: true when the consumer has nothing left to deliver and nothing unacknowledged —
-    /// or only gaps that have not moved for 10 s (their predecessors are not in the stream).
-    async fn caught_up(
-        &self,
-        idle_since: &mut Option<Instant>,
-        last_ack_pending: &mut u64,
-    ) -> anyhow::Result<bool> {
+    /// or only gaps, and nothing has been applied for 10 s (their predecessors are not in the stream,
+    /// or are parked).
+    async fn caught_up(&self, last_progress: Instant) -> anyhow::Result<bool> {
         let (pending, ack_pending) = self.lag().await?;
         if pending > 0 {
             return Ok(false);
@@ -329,12 +337,7 @@ impl<P: Projection> Runner<P> {
         if ack_pending == 0 {
             return Ok(true);
         }
-        if ack_pending != *last_ack_pending {
-            *last_ack_pending = ack_pending;
-            *idle_since = Some(Instant::now());
-            return Ok(false);
-        }
-        let stuck = idle_since.get_or_insert_with(Instant::now).elapsed() > Duration::from_secs(10);
+        let stuck = last_progress.elapsed() > Duration::from_secs(10);
         if stuck {
             tracing::warn!(
                 waiting = ack_pending,
@@ -348,21 +351,21 @@ impl<P: Projection> Runner<P> {
     async fn handle(&self, batch: Vec<jetstream::Message>) -> Tally {
         let started = Instant::now();
         let raw: Vec<RawMessage> = batch.iter().map(raw_message).collect();
-        let verdicts = match self.apply_batch(&raw).await {
-            Ok(verdicts) => verdicts,
+        let verdicts: Vec<Option<Verdict>> = match self.apply_batch(&raw).await {
+            Ok(verdicts) => verdicts.into_iter().map(Some).collect(),
             Err(error) => {
-                // Nothing was committed: hand the batch back for a prompt retry.
-                tracing::error!(
+                // Nothing was committed. One message may be to blame: apply them one by one, so
+                // the others go through and the culprit alone is parked.
+                tracing::warn!(
                     error = format!("{error:#}"),
                     messages = batch.len(),
-                    "applying a batch failed; retrying it"
+                    "applying a batch failed; applying its messages one by one"
                 );
-                for message in &batch {
-                    let _ = message
-                        .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                        .await;
+                let mut verdicts = Vec::with_capacity(raw.len());
+                for message in &raw {
+                    verdicts.push(self.apply_alone(message).await);
                 }
-                return Tally::default();
+                verdicts
             }
         };
         if self.config.fail_point == FailPoint::AbortAfterCommit {
@@ -371,9 +374,11 @@ impl<P: Projection> Runner<P> {
         }
         for (message, verdict) in batch.iter().zip(&verdicts) {
             let kind = match verdict {
-                Verdict::Applied | Verdict::Duplicate => AckKind::Ack,
-                Verdict::Parked => AckKind::Term,
-                Verdict::Gap => AckKind::Nak(Some(gap_delay(message))),
+                Some(Verdict::Applied | Verdict::Duplicate) => AckKind::Ack,
+                Some(Verdict::Parked) => AckKind::Term,
+                Some(Verdict::Gap) => AckKind::Nak(Some(gap_delay(message))),
+                // Neither applied nor parked (the database is failing): try again shortly.
+                None => AckKind::Nak(Some(Duration::from_secs(1))),
             };
             if let Err(error) = message.ack_with(kind).await {
                 // A lost ack means a redelivery, which the checkpoint absorbs.
@@ -381,10 +386,39 @@ impl<P: Projection> Runner<P> {
             }
         }
         let mut tally = Tally::default();
-        tally.count(&verdicts);
+        tally.count(&verdicts.iter().flatten().copied().collect::<Vec<_>>());
         metrics::record_batch(P::NAME, &tally, started.elapsed());
         tracing::debug!(projection = P::NAME, ?tally, "batch");
         tally
+    }
+
+    /// Applies one message on its own. A message that fails twice while the database answers is
+    /// parked with the error as its reason (a transient failure rarely repeats); if even parking fails,
+    /// `None`: the broker redelivers it later.
+    async fn apply_alone(&self, message: &RawMessage) -> Option<Verdict> {
+        let mut last_error = None;
+        for _ in 0..2 {
+            match self.apply_batch(std::slice::from_ref(message)).await {
+                Ok(verdicts) => return verdicts.first().copied(),
+                Err(error) => last_error = Some(format!("{error:#}")),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let reason = format!("applying it failed: {}", last_error.unwrap_or_default());
+        let poison = Poison {
+            reason,
+            event_id: None,
+            aggregate_id: None,
+            aggregate_version: None,
+        };
+        let mut conn = self.pool.acquire().await.ok()?;
+        match park(&mut conn, message, &poison).await {
+            Ok(()) => Some(Verdict::Parked),
+            Err(error) => {
+                tracing::error!(%error, "cannot park a message that keeps failing; the broker will redeliver it");
+                None
+            }
+        }
     }
 
     /// Re-applies parked messages (after an upgrade taught the code their shape). Returns how many were
@@ -471,16 +505,19 @@ impl<P: Projection> Runner<P> {
             .bind(P::NAME)
             .execute(&mut *tx)
             .await?;
-        schema::reset(&mut tx, P::NAME, P::TABLES).await?;
-        tx.commit().await?;
+        // The consumer goes first: if the wipe then fails, the state is replayed onto itself (the
+        // checkpoints absorb it); the other way round, an empty state would resume mid-stream.
         let stream = self.jetstream.get_stream(&self.config.stream).await?;
         match stream.delete_consumer(P::NAME).await {
             Ok(_) => tracing::info!(
                 consumer = P::NAME,
                 "deleted the consumer; replaying from the start"
             ),
-            Err(error) => tracing::debug!(%error, "no consumer to delete"),
+            Err(error) if is_not_found(&error) => tracing::debug!("no consumer to delete"),
+            Err(error) => return Err(anyhow::anyhow!("deleting consumer {}: {error}", P::NAME)),
         }
+        schema::reset(&mut tx, P::NAME, P::TABLES).await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -559,25 +596,36 @@ async fn decide_and_apply<P: Projection>(
     }
 
     for (index, poison) in &poison {
-        let message = &messages[*index];
-        tracing::warn!(stream_sequence = message.stream_sequence, subject = %message.subject, reason = %poison.reason, "parking poison message");
-        sqlx::query(
-            "INSERT INTO parked (stream_sequence, subject, headers, body, reason, event_id, aggregate_id, aggregate_version)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-             ON CONFLICT (stream_sequence) DO NOTHING",
-        )
-        .bind(i64::try_from(message.stream_sequence).ok().filter(|s| *s > 0))
-        .bind(&message.subject)
-        .bind(message.headers_json())
-        .bind(message.body.as_ref())
-        .bind(&poison.reason)
-        .bind(poison.event_id)
-        .bind(poison.aggregate_id)
-        .bind(poison.aggregate_version)
-        .execute(&mut *tx)
-        .await?;
+        park(tx, &messages[*index], poison).await?;
     }
     Ok(verdicts)
+}
+
+/// Stores a message that cannot be applied, whole, with why. PostgreSQL text cannot hold NUL, which a
+/// hostile message can smuggle into a reason or a header: those characters are dropped there (the
+/// body is kept byte for byte).
+async fn park(conn: &mut PgConnection, message: &RawMessage, poison: &Poison) -> sqlx::Result<()> {
+    tracing::warn!(stream_sequence = message.stream_sequence, subject = %message.subject, reason = %poison.reason, "parking poison message");
+    let text = |s: &str| s.replace('\0', "");
+    sqlx::query(
+        "INSERT INTO parked (stream_sequence, subject, headers, body, reason, event_id, aggregate_id, aggregate_version)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(i64::try_from(message.stream_sequence).ok().filter(|s| *s > 0))
+    .bind(text(&message.subject))
+    .bind(message.headers_json())
+    .bind(message.body.as_ref())
+    .bind(text(&poison.reason))
+    .bind(poison.event_id)
+    .bind(poison.aggregate_id)
+    .bind(poison.aggregate_version)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+fn is_not_found(error: &jetstream::stream::ConsumerError) -> bool {
+    matches!(error.kind(), jetstream::stream::ConsumerErrorKind::JetStream(e) if e.error_code() == jetstream::ErrorCode::CONSUMER_NOT_FOUND)
 }
 
 fn raw_message(message: &jetstream::Message) -> RawMessage {

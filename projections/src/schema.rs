@@ -16,7 +16,7 @@ const RUNNER_TABLES: &str = "
     );
     CREATE TABLE IF NOT EXISTS parked (
         id                BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        stream_sequence   BIGINT      UNIQUE,
+        stream_sequence   BIGINT,
         subject           TEXT        NOT NULL,
         headers           JSONB       NOT NULL,
         body              BYTEA       NOT NULL,

@@ -131,22 +131,28 @@ async fn load(tx: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<HashMap<Uuid,
 }
 
 /// Orders matching `text` (web-search syntax: words, "quoted phrases", `-excluded`, `or`), best first.
-pub async fn query(pool: &PgPool, text: &str, limit: i64) -> sqlx::Result<Vec<OrderDocument>> {
+pub async fn query(
+    pool: &PgPool,
+    text: &str,
+    limit: i64,
+    offset: i64,
+) -> sqlx::Result<Vec<OrderDocument>> {
     let rows = sqlx::query(
         "SELECT order_id, customer_id, skus, status, total_cents, currency
          FROM orders, websearch_to_tsquery('simple', $1) AS q
          WHERE document @@ q
          ORDER BY ts_rank(document, q) DESC, updated_at DESC, order_id
-         LIMIT $2",
+         LIMIT $2 OFFSET $3",
     )
     .bind(text)
     .bind(limit)
+    .bind(offset.max(0))
     .fetch_all(pool)
     .await?;
     rows.iter().map(document).collect()
 }
 
-/// The read API: `GET /search?q=TEXT[&limit=N]`.
+/// The read API: `GET /search?q=TEXT[&limit=N][&offset=M]` (at most 500 per page).
 pub fn routes(pool: PgPool) -> axum::Router {
     use axum::extract::{Query, State};
     use axum::http::StatusCode;
@@ -155,12 +161,14 @@ pub fn routes(pool: PgPool) -> axum::Router {
     struct Params {
         q: String,
         limit: Option<i64>,
+        offset: Option<i64>,
     }
     async fn find(
         State(pool): State<PgPool>,
         Query(params): Query<Params>,
     ) -> Result<axum::Json<Vec<OrderDocument>>, StatusCode> {
-        query(&pool, &params.q, params.limit.unwrap_or(50).clamp(1, 500))
+        let limit = params.limit.unwrap_or(50).clamp(1, 500);
+        query(&pool, &params.q, limit, params.offset.unwrap_or(0))
             .await
             .map(axum::Json)
             .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)

@@ -214,7 +214,7 @@ async fn the_projections_follow_the_order_lifecycle(pool: PgPool) {
     let search_pool = projections::schema::connect(&h.url, Search::NAME, Search::TABLES)
         .await
         .expect("pool");
-    let found = search::query(&search_pool, "alice cancelled", 10)
+    let found = search::query(&search_pool, "alice cancelled", 10, 0)
         .await
         .expect("query");
     assert_eq!(
@@ -222,7 +222,9 @@ async fn the_projections_follow_the_order_lifecycle(pool: PgPool) {
         vec![b.as_uuid()]
     );
     assert_eq!(found[0].skus, vec!["MUG", "TEA"]);
-    let tea = search::query(&search_pool, "tea", 10).await.expect("query");
+    let tea = search::query(&search_pool, "tea", 10, 0)
+        .await
+        .expect("query");
     assert_eq!(tea.len(), 2);
 }
 
@@ -456,7 +458,7 @@ async fn a_legacy_order_placed_v1_is_upcast_by_all_three(pool: PgPool) {
     let search_pool = projections::schema::connect(&h.url, Search::NAME, Search::TABLES)
         .await
         .expect("pool");
-    let found = search::query(&search_pool, "legacy paid", 10)
+    let found = search::query(&search_pool, "legacy paid", 10, 0)
         .await
         .expect("query");
     assert_eq!(found.len(), 1);
@@ -564,4 +566,60 @@ async fn rebuild_reproduces_the_state_of_incremental_consumption(pool: PgPool) {
         snapshot(&pool, "search").await,
     ];
     assert_eq!(before, after);
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn run_once_ends_even_when_a_gap_never_closes(pool: PgPool) {
+    let h = Harness::new(&pool).await;
+    // Version 2 of an order whose version 1 never reaches the stream.
+    h.publish(&envelope(new_order(), 2, &paid(2500))).await;
+    let good = new_order();
+    h.publish(&envelope(good, 1, &placed("bob", &["TEA:1:500"])))
+        .await;
+    let run = h
+        .runner(Inventory, h.config())
+        .await
+        .run(std::future::pending(), true, |_| {});
+    let tally = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("--once must end")
+        .expect("run");
+    assert_eq!(tally.applied, 1, "{tally:?}");
+    assert!(tally.gaps >= 1, "{tally:?}");
+    assert_eq!(stock_of(&pool, "TEA").await, Some((1, 0, 0)));
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_message_the_database_cannot_store_is_parked_alone(pool: PgPool) {
+    let h = Harness::new(&pool).await;
+    // An unknown payload field named NUL: the parking reason quotes it, and PostgreSQL text cannot hold
+    // NUL. The message must still be parked, and its neighbours applied.
+    let order = new_order();
+    h.publish(&envelope(order, 1, &placed("alice", &["MUG:1:100"])))
+        .await;
+    let mut hostile = envelope(order, 2, &paid(100));
+    hostile.payload["\u{0}"] = json!(1);
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "hostile");
+    headers.insert("X-Nul", "a\u{0}b");
+    h.jetstream
+        .publish_with_headers(
+            domain::wire::subject(PREFIX, &hostile).expect("subject"),
+            headers,
+            hostile.to_json().into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    h.publish(&envelope(new_order(), 1, &placed("bob", &["TEA:1:500"])))
+        .await;
+
+    let tally = h.consume(Inventory).await;
+    assert_eq!((tally.applied, tally.parked), (2, 1), "{tally:?}");
+    let reason: String = sqlx::query_scalar("SELECT reason FROM inventory.parked")
+        .fetch_one(&pool)
+        .await
+        .expect("parked");
+    assert!(reason.contains("unknown field"), "{reason}");
 }

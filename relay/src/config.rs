@@ -87,13 +87,30 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
+    /// Refuses settings that would disable a safety net.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.claim_idle_timeout < self.publish_timeout * 2 + Duration::from_secs(3) {
+            return Err(format!(
+                "--claim-idle-timeout must be at least twice --publish-timeout plus 3 s (it is {:?}); \
+                 0 would let a hung relay hold its rows forever",
+                self.claim_idle_timeout
+            ));
+        }
+        if self.poll_interval < Duration::from_millis(10) {
+            return Err("--poll-interval must be at least 10ms".into());
+        }
+        Ok(())
+    }
+
     /// How long a step may keep starting publishes: the configured deadline, shortened if needed so that
     /// the last PubAck (one publish timeout later) and the settle arrive well before PostgreSQL ends the
     /// idle claim transaction — a step must never outlive its own claim.
     pub fn effective_step_deadline(&self) -> Duration {
+        // A publish started just before the deadline can take two publish timeouts (async-nats applies
+        // one to the send and one to the PubAck); then the settle needs its moment.
         let budget = self
             .claim_idle_timeout
-            .saturating_sub(self.publish_timeout)
+            .saturating_sub(self.publish_timeout * 2)
             .saturating_sub(Duration::from_secs(2))
             / 2;
         self.step_deadline

@@ -221,6 +221,7 @@ async fn relay_run(
     if let Some(id) = args.relay_id {
         config.relay_id = id;
     }
+    config.validate().map_err(ops::Refused)?;
     let mut relay = Relay::connect(&connection.database_url, &connection.nats_url, config).await?;
     if args.crash_after_publish {
         relay = relay.with_fail_point(FailPoint::AbortProcessAfterPublish);

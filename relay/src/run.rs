@@ -117,7 +117,9 @@ impl Relay {
     pub fn new(pool: PgPool, client: async_nats::Client, config: RelayConfig) -> Self {
         let jetstream = jetstream::context::ContextBuilder::new()
             .timeout(config.publish_timeout)
-            .max_ack_inflight(config.max_in_flight.max(1))
+            // Every lane may have `max_in_flight` publishes outstanding: lanes must not wait on each
+            // other's permits, or a step could outlive its claim.
+            .max_ack_inflight(config.max_in_flight.max(1) * config.lanes.max(1))
             .backpressure_on_inflight(true)
             .build(client.clone());
         Self {
@@ -188,7 +190,10 @@ impl Relay {
         loop {
             let report = self.step().await?;
             summary.add(&report);
-            if report.claimed == 0 || report.simulated_crash {
+            // Nothing attempted (NATS is disconnected, or the relay is stopping): claiming again would
+            // only spin. What is left stays pending for the next run.
+            let attempted = report.published + report.failed + report.dead + report.held_back;
+            if report.claimed == 0 || report.simulated_crash || attempted == 0 {
                 return Ok(summary);
             }
         }

@@ -1,6 +1,9 @@
 //! Settling a step: mark rows sent, failed (with backoff) or dead, hold back the versions behind a
 //! failure, and close the step's journal record — one statement, inside the claim's transaction.
 //!
+//! Times are `clock_timestamp()`, not `now()`: `now()` is when the claim's transaction began, up to a
+//! step's length earlier, and retry delays must count from the failure.
+//!
 //! The transaction still holds the claim's row locks, so the marks are fenced: a relay whose session was
 //! ended (by a crash, a timeout or `pg_terminate_backend`) cannot mark anything, and rows it lost are
 //! already someone else's.
@@ -67,7 +70,7 @@ pub async fn settle(
     let row = sqlx::query(
         "WITH sent AS (
             UPDATE outbox o
-            SET status = 'sent', sent_at = now(), stream_seq = u.seq, attempts = o.attempts + 1,
+            SET status = 'sent', sent_at = clock_timestamp(), stream_seq = u.seq, attempts = o.attempts + 1,
                 last_error = NULL, claimed_by = $9, claimed_at = $10
             FROM UNNEST($1::int8[], $2::int8[]) AS u(id, seq)
             WHERE o.id = u.id
@@ -76,9 +79,9 @@ pub async fn settle(
         failed AS (
             UPDATE outbox o
             SET status = u.status, attempts = o.attempts + 1,
-                next_run_at = now() + u.delay * interval '1 second',
+                next_run_at = clock_timestamp() + u.delay * interval '1 second',
                 last_error = u.error,
-                dead_at = CASE WHEN u.status = 'dead' THEN now() END,
+                dead_at = CASE WHEN u.status = 'dead' THEN clock_timestamp() END,
                 dead_reason = CASE WHEN u.status = 'dead' THEN u.error END,
                 claimed_by = $9, claimed_at = $10
             FROM UNNEST($3::int8[], $4::text[], $5::float8[], $6::text[]) AS u(id, status, delay, error)
@@ -88,7 +91,7 @@ pub async fn settle(
         held AS (
             UPDATE outbox o
             SET next_run_at = CASE WHEN u.delay IS NULL THEN 'infinity'::timestamptz
-                                   ELSE now() + u.delay * interval '1 second' END
+                                   ELSE clock_timestamp() + u.delay * interval '1 second' END
             FROM UNNEST($7::int8[], $8::float8[]) AS u(id, delay)
             WHERE o.id = u.id
             RETURNING 1

@@ -274,6 +274,12 @@ async fn journal(
     outbox_ids: &[i64],
     window: std::time::Duration,
 ) -> sqlx::Result<HashMap<i64, DateTime<Utc>>> {
+    // The relay's sessions commit asynchronously; this record must survive a PostgreSQL crash, so its
+    // transaction waits for the WAL flush.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL synchronous_commit = on")
+        .execute(&mut *tx)
+        .await?;
     let rows = sqlx::query(
         "WITH recorded AS (
             INSERT INTO outbox_inflight (claim_id, relay, outbox_ids) VALUES ($1, $2, $3)
@@ -288,8 +294,9 @@ async fn journal(
     .bind(relay_id)
     .bind(outbox_ids)
     .bind(window.as_secs_f64())
-    .fetch_all(pool)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     rows.iter()
         .map(|r| Ok((r.try_get("outbox_id")?, r.try_get("started_at")?)))
         .collect()

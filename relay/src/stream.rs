@@ -97,6 +97,20 @@ pub fn differences(actual: &stream::Config, wanted: &stream::Config) -> Vec<Stri
         actual.max_bytes.to_string(),
         wanted.max_bytes.to_string(),
     );
+    // Settings that drop history or acknowledgements: a per-subject limit keeps only the newest events
+    // of an order, no_ack turns every publish into a timeout, a sealed stream refuses writes.
+    if actual.max_messages_per_subject > 0 {
+        found.push(format!(
+            "max_messages_per_subject is {}, needs no limit",
+            actual.max_messages_per_subject
+        ));
+    }
+    if actual.no_ack {
+        found.push("no_ack is true, needs false (the relay needs every PubAck)".to_owned());
+    }
+    if actual.sealed {
+        found.push("the stream is sealed, needs to accept writes".to_owned());
+    }
     found
 }
 

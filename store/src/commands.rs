@@ -40,7 +40,8 @@ pub struct CommandOutcome {
     pub event_ids: Vec<Uuid>,
     /// True when this is a retry answered from the idempotency record (nothing was written).
     pub replayed: bool,
-    /// The order's state right after the command.
+    /// The order's state right after the command; for a replay, its current state (it may have moved
+    /// on since the first request).
     pub order: Order,
 }
 
@@ -160,6 +161,12 @@ impl EventStore {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            // An unknown order is "not found" whatever version the caller expected.
+            if order.status == domain::OrderStatus::New
+                && !matches!(command, OrderCommand::Place(_))
+            {
+                return Err(OrderError::NotFound(order_id).into());
+            }
             if let Some(expected) = context.expected_version
                 && order.version != expected
             {

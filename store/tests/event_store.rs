@@ -518,3 +518,20 @@ async fn events_cannot_be_updated_or_deleted(pool: PgPool) {
     }
     assert_eq!(count(&pool, "events").await, 1);
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn an_unknown_order_is_not_found_whatever_version_is_expected(pool: PgPool) {
+    let store = EventStore::new(pool.clone());
+    let context = CommandContext {
+        expected_version: Some(3),
+        ..Default::default()
+    };
+    let err = store
+        .execute(new_order_id(), &pay_command(100), &context)
+        .await
+        .expect_err("unknown");
+    assert!(
+        matches!(err, CommandError::Refused(OrderError::NotFound(_))),
+        "{err}"
+    );
+}

@@ -35,6 +35,13 @@ pub fn router(store: EventStore, telemetry: Router) -> Router {
             get(|| async { Json(crate::openapi::document()) }),
         )
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not-found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "this route does not take that method",
+            )
+        })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(store)
         .merge(telemetry)
@@ -285,8 +292,16 @@ async fn cancel(
     store: State<EventStore>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, Problem> {
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+        ),
+        status => Problem::new(status, "malformed-body", rejection.body_text()),
+    })?;
     let request: CancelRequest = if body.iter().all(u8::is_ascii_whitespace) {
         CancelRequest::default()
     } else {
@@ -331,10 +346,8 @@ async fn change(
 
 fn respond(status: StatusCode, outcome: &CommandOutcome) -> Response {
     let order: &Order = &outcome.order;
-    let mut response = with_etag(
-        (status, Json(order)).into_response(),
-        outcome.aggregate_version,
-    );
+    // The ETag describes the body: for a replayed request that is the order as it is now.
+    let mut response = with_etag((status, Json(order)).into_response(), order.version);
     if let Some(event_id) = outcome
         .event_ids
         .first()
@@ -386,13 +399,21 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, Problem> {
 
 /// Idempotency key, correlation id and trace context from the request headers.
 fn context(headers: &HeaderMap, expected_version: Option<i64>) -> Result<CommandContext, Problem> {
-    let text = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
+    // A header that is present but not visible ASCII is refused, not ignored: dropping an
+    // Idempotency-Key would turn a retry into a second order.
+    let text = |name: &'static str| -> Result<Option<String>, Problem> {
+        match headers.get(name) {
+            None => Ok(None),
+            Some(value) => value.to_str().map(|v| Some(v.to_owned())).map_err(|_| {
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "malformed-header",
+                    format!("header {name} must be visible ASCII"),
+                )
+            }),
+        }
     };
-    let correlation_id = match text("x-correlation-id") {
+    let correlation_id = match text("x-correlation-id")? {
         Some(value) => Some(Uuid::parse_str(&value).map_err(|_| {
             Problem::new(
                 StatusCode::BAD_REQUEST,
@@ -403,10 +424,10 @@ fn context(headers: &HeaderMap, expected_version: Option<i64>) -> Result<Command
         None => None,
     };
     Ok(CommandContext {
-        idempotency_key: text("idempotency-key"),
+        idempotency_key: text("idempotency-key")?,
         expected_version,
         correlation_id,
-        traceparent: text("traceparent").filter(|t| is_traceparent(t)),
+        traceparent: text("traceparent")?.filter(|t| is_traceparent(t)),
     })
 }
 

@@ -40,6 +40,7 @@ fn command(summary: &str, body: &str, extra: &[(&str, Value)]) -> Value {
         "409": problem("Illegal transition, or a race lost too often"),
         "412": problem("If-Match names a version the order is no longer at"),
         "413": problem("Body too large"),
+        "415": problem("Body is not application/json"),
         "422": problem("A refused domain rule or invalid value"),
     });
     for (status, response) in extra {

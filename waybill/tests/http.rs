@@ -450,8 +450,58 @@ async fn the_openapi_document_matches_the_routes(pool: PgPool) {
         .send()
         .await
         .expect("send");
-    assert!(matches!(
-        stray.status(),
-        StatusCode::METHOD_NOT_ALLOWED | StatusCode::NOT_FOUND
-    ));
+    problem(stray, StatusCode::METHOD_NOT_ALLOWED, "method").await;
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn headers_that_cannot_be_read_are_refused_not_ignored(pool: PgPool) {
+    let s = Service::start(&pool).await;
+    let body = json!({"customer_id": "alice", "currency": "EUR", "lines": [{"sku": "MUG", "quantity": 1, "unit_price_cents": 100}]});
+    let key = reqwest::header::HeaderValue::from_bytes(b"cl\xe9-7").expect("opaque header value");
+    let response = s
+        .client
+        .post(s.url("/orders"))
+        .header("Idempotency-Key", key)
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    problem(response, StatusCode::BAD_REQUEST, "Idempotency-Key").await;
+    let wrong_method = s
+        .client
+        .delete(s.url("/orders"))
+        .send()
+        .await
+        .expect("send");
+    problem(wrong_method, StatusCode::METHOD_NOT_ALLOWED, "method").await;
+    assert_eq!(events(&pool).await, 0);
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_replayed_place_describes_the_order_as_it_is_now(pool: PgPool) {
+    let s = Service::start(&pool).await;
+    let body = json!({"customer_id": "alice", "currency": "EUR", "lines": [{"sku": "MUG", "quantity": 1, "unit_price_cents": 100}]});
+    let send = || {
+        s.client
+            .post(s.url("/orders"))
+            .header("Idempotency-Key", "k-etag")
+            .json(&body)
+            .send()
+    };
+    let first: Value = send().await.expect("first").json().await.expect("json");
+    let id = first["order_id"].as_str().expect("id").to_owned();
+    assert_eq!(
+        s.post(&format!("/orders/{id}/pay"), json!({"amount_cents": 100}))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    let replay = send().await.expect("replay");
+    assert_eq!(
+        replay.headers()["etag"],
+        "\"2\"",
+        "the ETag matches the body, which is the paid order"
+    );
+    let body: Value = replay.json().await.expect("json");
+    assert_eq!(body["status"], "paid");
 }

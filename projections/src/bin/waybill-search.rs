@@ -32,7 +32,7 @@ async fn main() -> ExitCode {
         if text.trim().is_empty() {
             return Err(ops::Refused("the query text is empty".into()).into());
         }
-        let found = search::query(&pool, &text, limit.clamp(1, 500)).await?;
+        let found = search::query(&pool, &text, limit.clamp(1, 500), 0).await?;
         if json {
             println!("{}", serde_json::to_string(&found)?);
         } else if found.is_empty() {

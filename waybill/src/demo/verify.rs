@@ -103,19 +103,27 @@ pub async fn projected(reads: &[(&'static str, String)]) -> anyhow::Result<Truth
         );
     }
     for status in ["placed", "paid", "shipped", "cancelled"] {
-        let found: Value = client
-            .get(url("search", &format!("/search?q={status}&limit=500")))
-            .send()
-            .await?
-            .json()
-            .await?;
-        let ids: BTreeSet<Uuid> = found
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|d| d["status"] == status)
-            .filter_map(|d| d["order_id"].as_str().and_then(|s| Uuid::parse_str(s).ok()))
-            .collect();
+        // Page through the results: a long story has more orders in one status than a page holds.
+        let mut ids = BTreeSet::new();
+        for page in 0.. {
+            let path = format!("/search?q={status}&limit=500&offset={}", page * 500);
+            let found: Value = client
+                .get(url("search", &path))
+                .send()
+                .await?
+                .json()
+                .await?;
+            let documents = found.as_array().cloned().unwrap_or_default();
+            ids.extend(
+                documents
+                    .iter()
+                    .filter(|d| d["status"] == status)
+                    .filter_map(|d| d["order_id"].as_str().and_then(|s| Uuid::parse_str(s).ok())),
+            );
+            if documents.len() < 500 {
+                break;
+            }
+        }
         if !ids.is_empty() {
             truth.statuses.insert(status.to_owned(), ids);
         }
