@@ -576,10 +576,8 @@ async fn run_once_ends_even_when_a_gap_never_closes(pool: PgPool) {
     let good = new_order();
     h.publish(&envelope(good, 1, &placed("bob", &["TEA:1:500"])))
         .await;
-    let run = h
-        .runner(Inventory, h.config())
-        .await
-        .run(std::future::pending(), true, |_| {});
+    let runner = h.runner(Inventory, h.config()).await;
+    let run = runner.run(std::future::pending(), true, |_| {});
     let tally = tokio::time::timeout(Duration::from_secs(60), run)
         .await
         .expect("--once must end")
