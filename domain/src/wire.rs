@@ -20,26 +20,41 @@ pub const TRACEPARENT: &str = "traceparent";
 /// The body's media type.
 pub const CONTENT_TYPE: &str = "Content-Type";
 
-/// Default subject prefix: subjects are `waybill.events.<event type tokens>.<aggregate id>`.
+/// Default subject prefix: subjects are `waybill.events.<aggregate type>.<aggregate id>`.
 pub const DEFAULT_SUBJECT_PREFIX: &str = "waybill.events";
 /// Default JetStream stream name.
 pub const DEFAULT_STREAM: &str = "WAYBILL_EVENTS";
 
-/// The subject for `envelope`: the prefix, the event type's tokens, then the aggregate id as its own
-/// token — e.g. `waybill.events.order.placed.0190…`. Consumers can filter by type or by aggregate.
+/// The subject for `envelope`: the prefix, the aggregate type, then the aggregate id — e.g.
+/// `waybill.events.order.0190…`. Every event of one aggregate goes on one subject, whatever its type
+/// (which travels in [`EVENT_TYPE`]): that is what lets the relay fence an aggregate's publishes with
+/// `Nats-Expected-Last-Subject-Sequence`, and what keeps its order in any consumer of the subject.
 pub fn subject(prefix: &str, envelope: &EventEnvelope) -> Result<String, String> {
-    subject_for(prefix, &envelope.event_type, envelope.aggregate_id)
+    subject_for(prefix, &envelope.aggregate_type, envelope.aggregate_id)
 }
 
 /// [`subject`] from the routing facts alone.
 pub fn subject_for(
     prefix: &str,
-    event_type: &str,
+    aggregate_type: &str,
     aggregate_id: uuid::Uuid,
 ) -> Result<String, String> {
     check_subject_tokens(prefix, "subject prefix")?;
-    check_subject_tokens(event_type, "event type")?;
-    Ok(format!("{prefix}.{event_type}.{aggregate_id}"))
+    check_subject_tokens(aggregate_type, "aggregate type")?;
+    if aggregate_type.contains('.') {
+        return Err(format!(
+            "aggregate type {aggregate_type:?} must be one subject token (no dots)"
+        ));
+    }
+    Ok(format!("{prefix}.{aggregate_type}.{aggregate_id}"))
+}
+
+/// The aggregate id a subject names: its last token, when that is a UUID.
+pub fn aggregate_id_of_subject(subject: &str) -> Option<uuid::Uuid> {
+    subject
+        .rsplit('.')
+        .next()
+        .and_then(|token| uuid::Uuid::parse_str(token).ok())
 }
 
 /// The filter matching every subject under `prefix`.
@@ -88,18 +103,36 @@ mod tests {
     }
 
     #[test]
-    fn the_type_and_the_aggregate_are_separate_tokens() {
-        let subject = subject("waybill.events", &envelope("order.placed")).expect("valid");
+    fn every_event_of_an_aggregate_goes_on_its_subject() {
+        let placed = subject("waybill.events", &envelope("order.placed")).expect("valid");
+        let paid = subject("waybill.events", &envelope("order.paid")).expect("valid");
         assert_eq!(
-            subject,
-            "waybill.events.order.placed.00000000-0000-0000-0000-000000000007"
+            placed,
+            "waybill.events.order.00000000-0000-0000-0000-000000000007"
         );
+        assert_eq!(
+            placed, paid,
+            "the type travels in a header, not the subject"
+        );
+        assert_eq!(aggregate_id_of_subject(&placed), Some(Uuid::from_u128(7)));
+        assert_eq!(aggregate_id_of_subject("waybill.events.order.x"), None);
     }
 
     #[test]
     fn wildcards_and_blanks_are_refused() {
-        for bad in ["order.*", "order..placed", "order placed", "", "order.>"] {
-            assert!(subject("p", &envelope(bad)).is_err(), "{bad:?}");
+        for bad in [
+            "order.*",
+            "order..placed",
+            "order placed",
+            "",
+            "order.>",
+            "*",
+            "a.b",
+        ] {
+            assert!(
+                subject_for("p", bad, Uuid::from_u128(7)).is_err(),
+                "{bad:?}"
+            );
         }
         assert!(subject("bad prefix", &envelope("order.placed")).is_err());
     }

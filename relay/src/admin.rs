@@ -24,6 +24,24 @@ pub struct OutboxStatus {
     pub aggregates_held_back: i64,
     /// Journal records of steps that published but never settled (crashed relays, unknown outcomes).
     pub unsettled_publishes: i64,
+    /// Unsent rows whose last publish met a fence conflict: something on the aggregate's subject that
+    /// the relay cannot account for. Each names its aggregate; they are retried with backoff.
+    pub fence_conflicts: Vec<FenceConflict>,
+}
+
+/// An unsent row held up by a fence conflict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FenceConflict {
+    /// The event.
+    pub event_id: Uuid,
+    /// Its aggregate.
+    pub aggregate_id: Uuid,
+    /// Its version.
+    pub aggregate_version: i64,
+    /// `failed` (retried) or `dead`.
+    pub status: String,
+    /// The conflict, with the stream sequences involved.
+    pub last_error: String,
 }
 
 /// Reads the status. `with_sent` also counts sent rows (a full scan on a large table).
@@ -37,9 +55,16 @@ pub async fn status(pool: &PgPool, with_sent: bool) -> sqlx::Result<OutboxStatus
                 count(DISTINCT aggregate_id) FILTER (WHERE status IN ('failed', 'dead')) AS held_back,
                 (SELECT count(*) FROM outbox_inflight WHERE started_at < now() - interval '1 minute')
                     AS unsettled
-         FROM outbox WHERE status <> 'sent'",
+         FROM outbox WHERE status IN ('pending', 'failed') OR status = 'dead'",
     )
     .fetch_one(pool)
+    .await?;
+    let conflicts = sqlx::query(
+        "SELECT event_id, aggregate_id, aggregate_version, status, last_error FROM outbox
+         WHERE (status IN ('pending', 'failed') OR status = 'dead') AND last_error LIKE 'fence conflict%'
+         ORDER BY id LIMIT 20",
+    )
+    .fetch_all(pool)
     .await?;
     let sent = if with_sent {
         Some(
@@ -58,7 +83,43 @@ pub async fn status(pool: &PgPool, with_sent: bool) -> sqlx::Result<OutboxStatus
         oldest_pending_age_seconds: row.try_get("oldest_pending_age_seconds")?,
         aggregates_held_back: row.try_get("held_back")?,
         unsettled_publishes: row.try_get("unsettled")?,
+        fence_conflicts: conflicts
+            .iter()
+            .map(|r| {
+                Ok(FenceConflict {
+                    event_id: r.try_get("event_id")?,
+                    aggregate_id: r.try_get("aggregate_id")?,
+                    aggregate_version: r.try_get("aggregate_version")?,
+                    status: r.try_get("status")?,
+                    last_error: r.try_get("last_error")?,
+                })
+            })
+            .collect::<sqlx::Result<_>>()?,
     })
+}
+
+/// Ends other relays' claim transactions older than `older_than` (see `waybill_end_stale_claims` in
+/// the migrations); returns how many.
+pub async fn end_stale_claims(pool: &PgPool, older_than: Duration) -> sqlx::Result<u64> {
+    let ended: i32 =
+        sqlx::query_scalar("SELECT waybill_end_stale_claims($1 * interval '1 second')")
+            .bind(older_than.as_secs_f64())
+            .fetch_one(pool)
+            .await?;
+    Ok(u64::try_from(ended).unwrap_or(0))
+}
+
+/// Due aggregate heads, locked or not: what a relay could send now if no claim held them.
+pub async fn due_heads(pool: &PgPool) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM outbox o
+         LEFT JOIN outbox p
+                ON p.aggregate_id = o.aggregate_id AND p.aggregate_version = o.aggregate_version - 1
+         WHERE o.status IN ('pending', 'failed') AND o.next_run_at <= now()
+           AND (p.id IS NULL OR p.status = 'sent')",
+    )
+    .fetch_one(pool)
+    .await
 }
 
 /// One dead row, as `dead list` shows it.

@@ -88,6 +88,17 @@ pub async fn run_outbox(
                 }
                 println!("aggregates held back  {}", status.aggregates_held_back);
                 println!("unsettled publishes   {}", status.unsettled_publishes);
+                println!("fence conflicts       {}", status.fence_conflicts.len());
+                for conflict in &status.fence_conflicts {
+                    println!(
+                        "  {} v{} ({}, {}): {}",
+                        conflict.aggregate_id,
+                        conflict.aggregate_version,
+                        conflict.event_id,
+                        conflict.status,
+                        conflict.last_error
+                    );
+                }
             }
         }
         OutboxCommand::Dead(DeadCommand::List { limit }) => {

@@ -48,7 +48,8 @@ pub struct RelayConfig {
     pub step_deadline: Duration,
     /// How often to look for due rows when no notification arrives.
     pub poll_interval: Duration,
-    /// PostgreSQL ends a claim transaction left idle this long (a hung relay), releasing its rows.
+    /// A claim lives at most this long: PostgreSQL ends a claim transaction left idle this long, and
+    /// other relays end one that is older (a relay frozen while reading its claim), releasing its rows.
     pub claim_idle_timeout: Duration,
     /// Steps run at once by [`crate::Relay::run`] and [`crate::Relay::drain`].
     pub lanes: usize,
@@ -89,11 +90,11 @@ impl Default for RelayConfig {
 impl RelayConfig {
     /// Refuses settings that would disable a safety net.
     pub fn validate(&self) -> Result<(), String> {
-        if self.claim_idle_timeout < self.publish_timeout * 2 + Duration::from_secs(3) {
+        if self.claim_idle_timeout < Duration::from_secs(1) {
             return Err(format!(
-                "--claim-idle-timeout must be at least twice --publish-timeout plus 3 s (it is {:?}); \
-                 0 would let a hung relay hold its rows forever",
-                self.claim_idle_timeout
+                "--claim-idle-timeout must be at least 1s (it is {}): it is how long a stalled relay may \
+                 keep its rows",
+                humantime::format_duration(self.claim_idle_timeout)
             ));
         }
         if self.poll_interval < Duration::from_millis(10) {
@@ -102,19 +103,29 @@ impl RelayConfig {
         Ok(())
     }
 
-    /// How long a step may keep starting publishes: the configured deadline, shortened if needed so that
-    /// the last PubAck (one publish timeout later) and the settle arrive well before PostgreSQL ends the
-    /// idle claim transaction — a step must never outlive its own claim.
+    /// How long to wait for one PubAck: the configured timeout, shortened to an eighth of the claim
+    /// timeout so that a step's last publish always ends within its claim.
+    pub fn effective_publish_timeout(&self) -> Duration {
+        self.publish_timeout.min(self.claim_idle_timeout / 8)
+    }
+
+    /// How long after its start a step may keep starting publishes: the configured deadline, shortened
+    /// to half the claim timeout. A publish started just before it can take two publish timeouts
+    /// (async-nats applies one to the send and one to the PubAck), so a step has published everything
+    /// by three quarters of the claim timeout and settles in the last quarter: a live step never
+    /// outlives its own claim, and a transaction older than the claim timeout can only belong to a
+    /// relay that stopped (which is what lets relays end such transactions). Counted from the step's
+    /// start, so a relay that stalled while claiming does not start publishing late.
     pub fn effective_step_deadline(&self) -> Duration {
-        // A publish started just before the deadline can take two publish timeouts (async-nats applies
-        // one to the send and one to the PubAck); then the settle needs its moment.
-        let budget = self
-            .claim_idle_timeout
-            .saturating_sub(self.publish_timeout * 2)
-            .saturating_sub(Duration::from_secs(2))
-            / 2;
         self.step_deadline
-            .min(budget.max(Duration::from_millis(100)))
+            .min(self.claim_idle_timeout / 2)
+            .max(Duration::from_millis(100))
+    }
+
+    /// How old another relay's claim transaction must be before this relay ends it: the claim timeout
+    /// plus a margin for clocks and scheduling.
+    pub fn stale_claim_age(&self) -> Duration {
+        self.claim_idle_timeout + (self.claim_idle_timeout / 10).min(Duration::from_secs(1))
     }
 }
 

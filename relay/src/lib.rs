@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod claim;
 pub mod cli;
 pub mod config;
+pub mod fence;
 pub mod metrics;
 pub mod publish;
 mod run;

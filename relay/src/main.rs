@@ -60,12 +60,14 @@ struct Connection {
     #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM, global = true)]
     stream: String,
 
-    /// Subject prefix: events go to <prefix>.<event type>.<aggregate id>.
+    /// Subject prefix: every event of an aggregate goes to <prefix>.<aggregate type>.<aggregate id>
+    /// (the event type travels in the Waybill-Event-Type header).
     #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX, global = true)]
     subject_prefix: String,
 
     /// JetStream's dedupe window for Nats-Msg-Id (sized in ARCHITECTURE.md: longer than a crashed
-    /// relay's rows take to be re-claimed, short enough for the server memory it costs).
+    /// relay's rows take to be re-claimed, short enough for the server memory it costs). Past it, the
+    /// fence (Nats-Expected-Last-Subject-Sequence) still keeps each event once and in order.
     #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration, global = true)]
     duplicate_window: Duration,
 }
@@ -123,7 +125,7 @@ struct RunArgs {
     #[arg(long, default_value = "1s,5s,30s,2m,10m", value_parser = Backoff::parse_schedule)]
     backoff: std::vec::Vec<Duration>,
 
-    /// How long to wait for a PubAck.
+    /// How long to wait for a PubAck (at most an eighth of --claim-idle-timeout is used).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     publish_timeout: Duration,
 
@@ -131,7 +133,9 @@ struct RunArgs {
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     poll_interval: Duration,
 
-    /// PostgreSQL ends a claim transaction idle this long (a hung relay), releasing its rows.
+    /// How long a claim may live: PostgreSQL ends a claim transaction idle this long, and other relays
+    /// end one older than this (a relay frozen mid-claim), releasing its rows. Give every relay the
+    /// same value. A step starts publishes for at most half of it.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     claim_idle_timeout: Duration,
 
@@ -260,10 +264,12 @@ async fn relay_run(
             );
         } else {
             println!(
-                "claimed={} published={} duplicates={} marked_sent={} failed={} dead={} | still pending={} failed={} dead={}",
+                "claimed={} published={} duplicates={} fenced={} fence_conflicts={} marked_sent={} failed={} dead={} | still pending={} failed={} dead={}",
                 summary.claimed,
                 summary.published,
                 summary.duplicates,
+                summary.fenced,
+                summary.fence_conflicts,
                 summary.marked_sent,
                 summary.failed,
                 summary.dead,

@@ -30,7 +30,19 @@ pub fn describe() {
     );
     describe_counter!(
         "waybill_relay_republished_outside_window_total",
-        "Events published again more than the dedupe window after a publish that may have reached the stream: consumers may see them twice."
+        "Events published again more than the dedupe window after a publish that may have reached the stream; JetStream no longer knew their ids, and the fence kept each once (refused copies are in waybill_relay_fenced_total)."
+    );
+    describe_counter!(
+        "waybill_relay_fenced_total",
+        "Publishes the broker's fence refused because the stream already held the event or a later version of its aggregate (a claim published twice, e.g. by a relay that stalled past the dedupe window); marked sent, not stored again."
+    );
+    describe_counter!(
+        "waybill_relay_fence_conflicts_total",
+        "Publishes whose fence found a message on the aggregate's subject that the relay cannot account for; retried with backoff (see `waybill-relay status`)."
+    );
+    describe_counter!(
+        "waybill_relay_stale_claims_ended_total",
+        "Claim transactions of stalled relays (older than the claim timeout) that this relay ended."
     );
     describe_counter!("waybill_relay_claimed_total", "Outbox rows claimed.");
     describe_counter!(
@@ -66,8 +78,11 @@ pub fn describe() {
     );
 }
 
-/// Counts what one step did.
+/// Counts what one step did at the broker (recorded before the settle: the broker did it whether or
+/// not the marks can be written).
 pub fn record_step(report: &StepReport) {
+    counter!("waybill_relay_fenced_total").increment(report.fenced as u64);
+    counter!("waybill_relay_fence_conflicts_total").increment(report.fence_conflicts as u64);
     counter!("waybill_relay_claimed_total").increment(report.claimed as u64);
     counter!("waybill_relay_published_total").increment(report.published as u64);
     counter!("waybill_relay_duplicate_acks_total").increment(report.duplicates as u64);
@@ -81,6 +96,11 @@ pub fn record_step(report: &StepReport) {
 pub fn record_ack(publish_latency: Duration, commit_to_ack: Duration) {
     histogram!("waybill_relay_publish_latency_seconds").record(publish_latency.as_secs_f64());
     histogram!("waybill_relay_commit_to_ack_seconds").record(commit_to_ack.as_secs_f64());
+}
+
+/// Other relays' stalled claims this relay ended.
+pub fn record_stale_claims_ended(ended: u64) {
+    counter!("waybill_relay_stale_claims_ended_total").increment(ended);
 }
 
 /// A step whose settle could not be written.

@@ -20,6 +20,10 @@ use crate::metrics;
 use crate::step::{FailPoint, StepError, StepReport, step};
 use crate::stream::{ProvisionError, ensure_stream};
 
+/// How a relay names its PostgreSQL sessions (`application_name`), followed by its relay id. Relays
+/// end each other's stalled claims by this prefix; nothing else may use it.
+pub const APPLICATION_PREFIX: &str = "waybill-relay ";
+
 /// A relay instance: a database pool, a NATS connection and its settings.
 #[derive(Debug, Clone)]
 pub struct Relay {
@@ -29,6 +33,8 @@ pub struct Relay {
     config: RelayConfig,
     stopping: Arc<AtomicBool>,
     fail_point: FailPoint,
+    /// When this relay last looked for other relays' stalled claims.
+    last_reap: Arc<Mutex<Option<Instant>>>,
 }
 
 /// Totals over a run.
@@ -50,6 +56,12 @@ pub struct RunSummary {
     pub marked_sent: u64,
     /// Republished outside the dedupe window.
     pub republished_outside_window: u64,
+    /// Rows the broker's fence showed were in the stream already (marked sent, not stored again).
+    pub fenced: u64,
+    /// Rows whose fence met something the relay cannot account for (retried with backoff).
+    pub fence_conflicts: u64,
+    /// Other relays' stalled claim transactions this relay ended.
+    pub stale_claims_ended: u64,
     /// Steps that failed (claim or settle).
     pub step_errors: u64,
 }
@@ -64,6 +76,9 @@ impl RunSummary {
         self.dead += other.dead;
         self.marked_sent += other.marked_sent;
         self.republished_outside_window += other.republished_outside_window;
+        self.fenced += other.fenced;
+        self.fence_conflicts += other.fence_conflicts;
+        self.stale_claims_ended += other.stale_claims_ended;
         self.step_errors += other.step_errors;
     }
 
@@ -76,6 +91,9 @@ impl RunSummary {
         self.dead += r.dead as u64;
         self.marked_sent += r.marked_sent as u64;
         self.republished_outside_window += r.republished_outside_window as u64;
+        self.fenced += r.fenced as u64;
+        self.fence_conflicts += r.fence_conflicts as u64;
+        self.stale_claims_ended += r.stale_claims_ended as u64;
     }
 }
 
@@ -90,7 +108,8 @@ impl Relay {
         let idle = format!("{}ms", config.claim_idle_timeout.as_millis());
         let pool = store::connect_with(
             database_url,
-            &config.relay_id,
+            // The prefix is how relays recognise each other's sessions (`waybill_end_stale_claims`).
+            &format!("{APPLICATION_PREFIX}{}", config.relay_id),
             // Per lane: the claim transaction and the journal insert; plus the gauges.
             2 * config.lanes.max(1) as u32 + 2,
             &[
@@ -116,7 +135,7 @@ impl Relay {
     /// A relay over existing connections.
     pub fn new(pool: PgPool, client: async_nats::Client, config: RelayConfig) -> Self {
         let jetstream = jetstream::context::ContextBuilder::new()
-            .timeout(config.publish_timeout)
+            .timeout(config.effective_publish_timeout())
             // Every lane may have `max_in_flight` publishes outstanding: lanes must not wait on each
             // other's permits, or a step could outlive its claim.
             .max_ack_inflight(config.max_in_flight.max(1) * config.lanes.max(1))
@@ -129,6 +148,7 @@ impl Relay {
             config,
             stopping: Arc::new(AtomicBool::new(false)),
             fail_point: FailPoint::None,
+            last_reap: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -163,32 +183,118 @@ impl Relay {
         ensure_stream(&self.jetstream, &self.config.stream, update).await
     }
 
-    /// One claim–publish–settle step.
+    /// One claim–publish–settle step (after ending other relays' stalled claims, at most once a
+    /// second).
     pub async fn step(&self) -> Result<StepReport, StepError> {
-        step(
+        let ended = self.end_stale_claims().await;
+        let mut report = step(
             &self.pool,
             &self.jetstream,
             &self.config,
             &self.stopping,
             &self.fail_point,
         )
-        .await
+        .await?;
+        report.stale_claims_ended = ended as usize;
+        Ok(report)
+    }
+
+    /// Ends claim transactions of relays that stopped mid-claim (older than the claim timeout): a relay
+    /// frozen while PostgreSQL was still sending it rows keeps its backend `active`, which
+    /// `idle_in_transaction_session_timeout` never ends. Returns how many it ended.
+    pub async fn end_stale_claims(&self) -> u64 {
+        {
+            let Ok(mut last) = self.last_reap.lock() else {
+                return 0;
+            };
+            if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+                return 0;
+            }
+            *last = Some(Instant::now());
+        }
+        match admin::end_stale_claims(&self.pool, self.config.stale_claim_age()).await {
+            Ok(0) => 0,
+            Ok(ended) => {
+                tracing::warn!(
+                    ended,
+                    older_than = ?self.config.stale_claim_age(),
+                    "ended stalled claim transactions of other relays; their rows are free again"
+                );
+                metrics::record_stale_claims_ended(ended);
+                ended
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot look for stalled claims");
+                0
+            }
+        }
     }
 
     /// Steps until nothing is claimable, then returns (`run --once`). Every lane drains in parallel.
+    ///
+    /// Rows that are due but locked by another relay are waited for: that relay either settles them
+    /// or stalled, and a stalled claim is ended (by PostgreSQL, or by [`Relay::end_stale_claims`])
+    /// within the claim timeout. So `--once` leaves no due row behind that a live relay could send.
     pub async fn drain(&self) -> Result<RunSummary, StepError> {
-        let lanes = (0..self.config.lanes.max(1)).map(|_| self.drain_lane());
         let mut summary = RunSummary::default();
-        for lane in futures::future::join_all(lanes).await {
-            summary.merge(&lane?);
+        let give_up = Instant::now() + self.config.stale_claim_age() * 2 + Duration::from_secs(5);
+        loop {
+            let lanes = (0..self.config.lanes.max(1)).map(|_| self.drain_lane());
+            for lane in futures::future::join_all(lanes).await {
+                summary.merge(&lane?);
+            }
+            if self.stopping.load(Ordering::Relaxed)
+                || self.client.connection_state() != State::Connected
+            {
+                return Ok(summary);
+            }
+            let locked = admin::due_heads(&self.pool)
+                .await
+                .map_err(StepError::Claim)?;
+            if locked == 0 {
+                return Ok(summary);
+            }
+            if Instant::now() > give_up {
+                tracing::warn!(
+                    locked,
+                    "due rows stay locked by another relay; leaving them to it"
+                );
+                return Ok(summary);
+            }
+            tracing::info!(
+                locked,
+                "due rows are locked by another relay; waiting for it to settle or for its claim to end"
+            );
+            summary.stale_claims_ended += self.end_stale_claims().await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        Ok(summary)
     }
 
     async fn drain_lane(&self) -> Result<RunSummary, StepError> {
         let mut summary = RunSummary::default();
+        let mut lost_in_a_row = 0;
         loop {
-            let report = self.step().await?;
+            let report = match self.step().await {
+                Ok(report) => report,
+                // A lost claim (or a claim whose session was ended while it was read) is not the end
+                // of a drain: its rows are someone else's or free again, and the pool reconnects.
+                // Failing over and over means the database is failing: give up then.
+                Err(error) if lost_in_a_row < 5 => {
+                    lost_in_a_row += 1;
+                    tracing::warn!(error = %error_chain(&error), "a claim was lost; continuing");
+                    tokio::time::sleep(Duration::from_millis(100) * lost_in_a_row).await;
+                    summary.step_errors += 1;
+                    if let StepError::Settle(_, report) = &error {
+                        summary.add(&StepReport {
+                            marked_sent: 0,
+                            ..(**report).clone()
+                        });
+                    }
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            lost_in_a_row = 0;
             summary.add(&report);
             // Nothing attempted (NATS is disconnected, or the relay is stopping): claiming again would
             // only spin. What is left stays pending for the next run.
@@ -264,7 +370,7 @@ impl Relay {
                     marked_sent: 0,
                     ..(**report).clone()
                 },
-                Err(StepError::Claim(_)) => StepReport::default(),
+                Err(StepError::Claim(_) | StepError::LostBeforePublish(_)) => StepReport::default(),
             };
             if let Ok(mut totals) = totals.lock() {
                 totals.add(&report);

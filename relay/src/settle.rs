@@ -16,8 +16,8 @@ use uuid::Uuid;
 /// The marks of one step, column by column (ready for `UNNEST`).
 #[derive(Debug, Default)]
 pub struct Settlement {
-    /// Rows JetStream acknowledged, with their stream sequences.
-    pub sent: Vec<(i64, i64)>,
+    /// Rows JetStream acknowledged, with their stream sequences (unknown for some fenced rows).
+    pub sent: Vec<(i64, Option<i64>)>,
     /// Rows whose publish failed: id, new status (`failed` or `dead`), retry delay, error.
     pub failed: Vec<(i64, &'static str, f64, String)>,
     /// Later versions behind a failed row: id and the delay of the row they wait for (`None`: its head

@@ -38,8 +38,16 @@ pub struct StepReport {
     pub not_attempted: usize,
     /// Rows marked sent.
     pub marked_sent: usize,
-    /// Published again more than the dedupe window after a possibly successful earlier publish.
+    /// Published again more than the dedupe window after a possibly successful earlier publish (the
+    /// fence, not the dedupe window, kept each of these once in the stream).
     pub republished_outside_window: usize,
+    /// Of `published`, rows the broker's fence refused because the stream already held them (a claim
+    /// published twice, e.g. by a relay that stalled past the dedupe window): marked sent, not stored.
+    pub fenced: usize,
+    /// Rows whose fence found something on the subject the relay cannot account for (retried).
+    pub fence_conflicts: usize,
+    /// Other relays' stalled claim transactions ended before this step claimed.
+    pub stale_claims_ended: usize,
     /// The step stopped after publishing, as a crash would (fail point).
     pub simulated_crash: bool,
 }
@@ -78,6 +86,10 @@ pub enum StepError {
     /// Claiming or journaling failed; nothing was published.
     #[error("claiming outbox rows failed")]
     Claim(#[source] sqlx::Error),
+    /// The claim ended before publishing began (the relay stalled longer than the claim timeout, or
+    /// its session was ended): nothing was published; the rows are someone else's now.
+    #[error("the claim was lost before publishing; nothing was published")]
+    LostBeforePublish(#[source] sqlx::Error),
     /// Published, but the marks could not be written: the claim was lost (session ended) or the
     /// database failed. The rows stay unsent and will be published again (JetStream dedupes).
     #[error("settling a published batch failed; its rows stay unsent and will be published again")]
@@ -93,6 +105,8 @@ pub async fn step(
     fail_point: &FailPoint,
 ) -> Result<StepReport, StepError> {
     let started = Instant::now();
+    // Counted from the start: a step that stalled while claiming must not start publishing late.
+    let deadline = started + config.effective_step_deadline();
     let mut tx = pool.begin().await.map_err(StepError::Claim)?;
     let claimed_at = Utc::now();
     let rows = claim(&mut tx, config.batch_size, config.max_rows)
@@ -111,20 +125,29 @@ pub async fn step(
         ..StepReport::default()
     };
     let claim_id = Uuid::now_v7();
+    let ids = row_ids(&runs);
     let maybe_published = journal(
         pool,
         claim_id,
         &config.relay_id,
-        &row_ids(&runs),
+        &ids,
         config.stream.duplicate_window,
     )
     .await
     .map_err(StepError::Claim)?;
+    // The journal is written on its own connection, so it succeeds even when the claim has already
+    // ended (the relay stalled since claiming). Check that the claim still holds before publishing; if
+    // it does not, withdraw the record: these rows were never published by this step.
+    if let Err(error) = sqlx::query("SELECT 1").execute(&mut *tx).await {
+        metrics::record_lost_claim();
+        forget_journal(pool, claim_id).await;
+        return Err(StepError::LostBeforePublish(error));
+    }
     let claim_time = started.elapsed();
 
-    let deadline = Instant::now() + config.effective_step_deadline();
     let outcomes = publish_runs(
         jetstream,
+        &config.stream.name,
         &config.stream.subject_prefix,
         &runs,
         config.max_in_flight,
@@ -134,6 +157,7 @@ pub async fn step(
     )
     .await;
     let settlement = assess(&runs, &outcomes, &maybe_published, config, &mut report);
+    metrics::record_step(&report);
     let publish_time = started.elapsed() - claim_time;
 
     match fail_point {
@@ -168,7 +192,6 @@ pub async fn step(
         return Err(StepError::Settle(error, Box::new(report)));
     }
     report.marked_sent = settled.sent as usize;
-    metrics::record_step(&report);
     tracing::debug!(
         %claim_id,
         claimed,
@@ -204,28 +227,40 @@ fn assess(
                 Outcome::Sent {
                     sequence,
                     duplicate,
+                    fenced,
                     latency,
                 } => {
                     report.published += 1;
                     report.duplicates += usize::from(*duplicate);
+                    report.fenced += usize::from(*fenced);
                     settlement
                         .sent
-                        .push((row.id, i64::try_from(*sequence).unwrap_or(i64::MAX)));
+                        .push((row.id, sequence.and_then(|s| i64::try_from(s).ok())));
                     let commit_to_ack = (now - row.created_at).to_std().unwrap_or_default();
                     metrics::record_ack(*latency, commit_to_ack.max(*latency));
+                    // An unsettled step may have published this row more than the dedupe window
+                    // ago. JetStream no longer knows its id, so only the fence decided: the stream
+                    // stored it now because no earlier copy reached it (an earlier copy would have
+                    // moved the subject past the expected sequence), or refused it (`fenced`).
                     if let Some(earlier) = maybe_published.get(&row.id)
                         && !duplicate
                         && now - *earlier > window
                     {
                         report.republished_outside_window += 1;
-                        tracing::warn!(
+                        tracing::debug!(
                             event_id = %row.event_id,
                             first_attempt = %earlier,
-                            "republished outside the dedupe window: consumers may receive it twice"
+                            fenced,
+                            "republished outside the dedupe window; the fence kept it once"
                         );
                     }
                 }
-                Outcome::Failed { error, ambiguous } => {
+                Outcome::Failed {
+                    error,
+                    ambiguous,
+                    conflict,
+                } => {
+                    report.fence_conflicts += usize::from(*conflict);
                     let failures = row.attempts + 1;
                     let delay = config.backoff.delay(failures, &mut rng);
                     let dead = settlement.fail(
@@ -259,6 +294,18 @@ fn assess(
         }
     }
     settlement
+}
+
+/// Withdraws a journal record whose step published nothing (best effort: a record left behind only
+/// makes a later republish be checked against the window).
+async fn forget_journal(pool: &PgPool, claim_id: Uuid) {
+    if let Err(error) = sqlx::query("DELETE FROM outbox_inflight WHERE claim_id = $1")
+        .bind(claim_id)
+        .execute(pool)
+        .await
+    {
+        tracing::debug!(%error, %claim_id, "cannot withdraw the journal record of a lost claim");
+    }
 }
 
 /// Records the batch as possibly published (committed before any publish) and returns, for the rows

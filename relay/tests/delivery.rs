@@ -35,7 +35,19 @@ async fn a_step_publishes_each_row_once_with_its_headers_and_marks_it_sent(pool:
     let first = &stream[0];
     assert_eq!(first.envelope.aggregate_id, order.as_uuid());
     assert_eq!(first.envelope.aggregate_version, 1);
-    assert_eq!(first.subject, format!("{PREFIX}.order.placed.{}", order));
+    assert_eq!(first.subject, format!("{PREFIX}.order.{}", order));
+    assert_eq!(
+        stream[1].subject, first.subject,
+        "one subject per aggregate"
+    );
+    let expected = |event: &testkit::StoredEvent| {
+        event
+            .headers
+            .get("Nats-Expected-Last-Subject-Sequence")
+            .map(|v| v.as_str().to_owned())
+    };
+    assert_eq!(expected(first).as_deref(), Some("0"));
+    assert_eq!(expected(&stream[1]), Some(first.sequence.to_string()));
     let header = |name: &str| first.headers.get(name).map(|v| v.as_str().to_owned());
     assert_eq!(
         header("Nats-Msg-Id"),
@@ -250,7 +262,7 @@ async fn a_relay_that_lost_its_claim_cannot_mark_and_the_new_owner_can(pool: PgP
     // A's session is ended (an operator, a network partition, the idle timeout).
     let terminated: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-         WHERE application_name = 'relay-a' AND datname = current_database()
+         WHERE application_name = 'waybill-relay relay-a' AND datname = current_database()
            AND state LIKE 'idle in transaction%'",
     )
     .fetch_all(&h.pool)
@@ -544,28 +556,155 @@ async fn a_stream_with_the_wrong_settings_is_refused_then_updated_on_request(poo
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
-async fn a_republish_after_the_dedupe_window_is_counted(pool: PgPool) {
+async fn a_republish_after_the_dedupe_window_is_fenced_and_ends_sent(pool: PgPool) {
     let h = Harness::new(pool).await;
-    testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
+    let order = testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
+    testkit::pay_order(&h.store, order).await;
     let mut config = h.config("relay-a");
     config.stream.duplicate_window = Duration::from_secs(1);
     let relay = h.relay(config).await;
+    // Both versions reach the stream, but the relay "dies" before marking them sent.
     let crashed = relay
         .clone()
         .with_fail_point(FailPoint::AbandonAfterPublish);
     assert!(crashed.step().await.expect("step").simulated_crash);
 
-    // The retry comes after JetStream has forgotten the event id.
+    // The retry comes after JetStream has forgotten the event ids: only the fence can stop a copy.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let report = relay.step().await.expect("step");
-    assert_eq!((report.published, report.duplicates), (1, 0));
     assert_eq!(
-        report.republished_outside_window, 1,
+        (report.published, report.duplicates, report.fenced),
+        (2, 0, 2),
+        "{report:?}"
+    );
+    assert_eq!(
+        report.republished_outside_window, 2,
         "the journal knew of the first publish"
     );
+    assert_eq!(testkit::outbox_counts(&h.pool).await.get("sent"), Some(&2));
+    let stream = h.stream().await;
+    let check = testkit::check_stream(&stream, PREFIX);
+    assert_eq!(check.messages, 2, "no second copy: {check:?}");
+    assert!(check.holds(), "{check:?}");
+    // The row that found itself in the stream records its sequence; the one that found a later
+    // version records none.
+    let sequences: Vec<Option<i64>> =
+        sqlx::query_scalar("SELECT stream_seq FROM outbox ORDER BY aggregate_version")
+            .fetch_all(&h.pool)
+            .await
+            .expect("rows");
+    assert_eq!(sequences, vec![None, Some(stream[1].sequence as i64)]);
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_copy_published_by_hand_does_not_wedge_the_aggregate(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    let order = testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
+    let relay = h.relay(h.config("relay-a")).await;
+    relay.step().await.expect("v1");
+    // Someone publishes a copy of version 1 under another message id (the demo does this on purpose).
+    let original = h.stream().await.remove(0);
+    let mut headers = async_nats::HeaderMap::new();
+    for name in [
+        "Waybill-Event-Type",
+        "Waybill-Aggregate-Id",
+        "Waybill-Aggregate-Version",
+    ] {
+        let value = original.headers.get(name).expect(name).as_str().to_owned();
+        headers.insert(name, value.as_str());
+    }
+    headers.insert("Nats-Msg-Id", "a-copy-of-v1");
+    h.jetstream
+        .publish_with_headers(
+            original.subject.clone(),
+            headers,
+            original.envelope.to_json().into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+
+    testkit::pay_order(&h.store, order).await;
+    let report = relay.step().await.expect("v2");
     assert_eq!(
-        h.stream().await.len(),
-        2,
-        "a second copy reached the stream: consumers must dedupe"
+        (report.published, report.fence_conflicts, report.fenced),
+        (1, 0, 0),
+        "{report:?}"
     );
+    let stream = h.stream().await;
+    assert_eq!(stream.len(), 3);
+    assert_eq!(
+        stream[2].envelope.aggregate_version, 2,
+        "version 2 once, last"
+    );
+    let fence = stream[2]
+        .headers
+        .get("Nats-Expected-Last-Subject-Sequence")
+        .map(|v| v.as_str().to_owned());
+    assert_eq!(
+        fence,
+        Some(stream[1].sequence.to_string()),
+        "re-fenced on the copy"
+    );
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn something_unaccountable_on_the_subject_is_a_named_conflict(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    let order = testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
+    let other = testkit::place_order(&h.store, "bob", &["TEA:1:100"]).await;
+    let relay = h.relay(h.config("relay-a")).await;
+    relay.step().await.expect("v1 of both");
+    // Garbage lands on the order's subject.
+    h.jetstream
+        .publish(format!("{PREFIX}.order.{order}"), "garbage".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    testkit::pay_order(&h.store, order).await;
+    testkit::pay_order(&h.store, other).await;
+
+    let report = relay.step().await.expect("step");
+    assert_eq!(
+        (report.published, report.fence_conflicts, report.failed),
+        (1, 1, 1),
+        "the other order flows: {report:?}"
+    );
+    let status = relay::admin::status(&h.pool, false).await.expect("status");
+    assert_eq!(status.fence_conflicts.len(), 1, "{status:?}");
+    let conflict = &status.fence_conflicts[0];
+    assert_eq!(
+        (conflict.aggregate_id, conflict.aggregate_version),
+        (order.as_uuid(), 2)
+    );
+    assert!(
+        conflict.last_error.contains("not a readable event"),
+        "{conflict:?}"
+    );
+    let mut stream = h.jetstream.get_stream(STREAM).await.expect("stream");
+    let messages = stream.info().await.expect("info").state.messages;
+    assert_eq!(
+        messages, 4,
+        "both v1, the garbage, the other order's v2; nothing after the garbage"
+    );
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_purged_predecessor_is_fenced_from_the_stream(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    let order = testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
+    let relay = h.relay(h.config("relay-a")).await;
+    relay.step().await.expect("v1");
+    sqlx::query("DELETE FROM outbox WHERE status = 'sent'")
+        .execute(&h.pool)
+        .await
+        .expect("purge");
+    testkit::pay_order(&h.store, order).await;
+    let report = relay.step().await.expect("v2");
+    assert_eq!((report.published, report.fenced), (1, 0), "{report:?}");
+    let check = testkit::check_stream(&h.stream().await, PREFIX);
+    assert_eq!(check.messages, 2);
+    assert!(check.holds(), "{check:?}");
 }

@@ -156,10 +156,10 @@ async fn insert_events(
             FROM input
             RETURNING event_id
         )
-        INSERT INTO outbox (event_id, event_type, event_version, aggregate_id, aggregate_version,
-                            body, traceparent)
-        SELECT i.event_id, i.event_type, i.event_version, i.aggregate_id, i.aggregate_version,
-               i.body, $13
+        INSERT INTO outbox (event_id, event_type, event_version, aggregate_type, aggregate_id,
+                            aggregate_version, body, traceparent)
+        SELECT i.event_id, i.event_type, i.event_version, i.aggregate_type, i.aggregate_id,
+               i.aggregate_version, i.body, $13
         FROM input i JOIN new_events USING (event_id)",
     )
     .bind(events.iter().map(|e| e.event_id).collect::<Vec<_>>())

@@ -115,3 +115,67 @@ pub async fn outbox_counts(pool: &PgPool) -> BTreeMap<String, i64> {
             .expect("outbox counts");
     rows.into_iter().collect()
 }
+
+/// What a stream read back says about the relay's promises.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamCheck {
+    /// Messages read.
+    pub messages: usize,
+    /// Event ids stored more than once.
+    pub duplicates: Vec<Uuid>,
+    /// Aggregates whose versions, in stream order, are not exactly 1, 2, 3, …
+    pub out_of_order: Vec<Uuid>,
+    /// Sequences of messages whose `Nats-Expected-Last-Subject-Sequence` is missing or is not the
+    /// sequence of the previous message on their subject.
+    pub fence_mismatches: Vec<u64>,
+    /// Sequences of messages not on `<prefix>.<aggregate type>.<aggregate id>` of their own envelope.
+    pub wrong_subject: Vec<u64>,
+}
+
+impl StreamCheck {
+    /// True when every promise holds.
+    pub fn holds(&self) -> bool {
+        self.duplicates.is_empty()
+            && self.out_of_order.is_empty()
+            && self.fence_mismatches.is_empty()
+            && self.wrong_subject.is_empty()
+    }
+}
+
+/// Checks `events` (in stream order) from first principles: each event once, each aggregate's versions
+/// 1..n in order, each on its aggregate's subject under `prefix`, and each message fenced on the
+/// sequence of the previous message on its subject.
+pub fn check_stream(events: &[StoredEvent], prefix: &str) -> StreamCheck {
+    let mut check = StreamCheck {
+        messages: events.len(),
+        ..StreamCheck::default()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut last_on_subject: BTreeMap<&str, u64> = BTreeMap::new();
+    for event in events {
+        if !seen.insert(event.envelope.event_id) {
+            check.duplicates.push(event.envelope.event_id);
+        }
+        let expected = event
+            .headers
+            .get("Nats-Expected-Last-Subject-Sequence")
+            .and_then(|v| v.as_str().parse::<u64>().ok());
+        let previous = last_on_subject.insert(event.subject.as_str(), event.sequence);
+        if expected != Some(previous.unwrap_or(0)) {
+            check.fence_mismatches.push(event.sequence);
+        }
+        let subject = format!(
+            "{prefix}.{}.{}",
+            event.envelope.aggregate_type, event.envelope.aggregate_id
+        );
+        if event.subject != subject {
+            check.wrong_subject.push(event.sequence);
+        }
+    }
+    for (aggregate, versions) in versions_by_aggregate(events) {
+        if !versions.iter().copied().eq(1..=versions.len() as i64) {
+            check.out_of_order.push(aggregate);
+        }
+    }
+    check
+}

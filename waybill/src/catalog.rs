@@ -26,28 +26,26 @@ pub fn asyncapi(stream: &str, prefix: &str) -> Value {
     let mut messages = Map::new();
     let mut payloads = Map::new();
     let all = payload_schemas();
-    let types: Vec<&str> = {
-        let mut t: Vec<&str> = all.iter().map(|s| s.event_type).collect();
-        t.dedup();
-        t
-    };
-    for event_type in types {
-        let mut refs = Vec::new();
-        for entry in all.iter().filter(|s| s.event_type == event_type) {
-            let name = format!("{}.v{}", entry.event_type, entry.event_version);
-            payloads.insert(name.clone(), entry.schema.clone());
-            messages.insert(name.clone(), message(entry, &name));
-            refs.push(json!({"$ref": format!("#/components/messages/{name}")}));
-        }
-        channels.insert(
-            format!("{prefix}.{event_type}.{{aggregateId}}"),
-            json!({
-                "description": format!("Every {event_type} event, one subject per order. Subscribe to `{prefix}.{event_type}.*` for all orders."),
-                "parameters": {"aggregateId": {"description": "The order id", "schema": {"type": "string", "format": "uuid"}}},
-                "subscribe": {"summary": format!("{event_type} events, published by waybill-relay"), "message": {"oneOf": refs}},
-            }),
-        );
+    // Every event of an order goes on the order's own subject, whatever its type (the type is in a
+    // header): one channel, whose messages are every (type, version).
+    let mut refs = Vec::new();
+    for entry in &all {
+        let name = format!("{}.v{}", entry.event_type, entry.event_version);
+        payloads.insert(name.clone(), entry.schema.clone());
+        messages.insert(name.clone(), message(entry, &name));
+        refs.push(json!({"$ref": format!("#/components/messages/{name}")}));
     }
+    channels.insert(
+        format!("{prefix}.order.{{aggregateId}}"),
+        json!({
+            "description": format!(
+                "Every event of one order, in aggregate_version order, each published with                  Nats-Expected-Last-Subject-Sequence = the stream sequence of the order's previous event.                  Subscribe to `{prefix}.order.*` for all orders; route by the {} header.",
+                wire::EVENT_TYPE
+            ),
+            "parameters": {"aggregateId": {"description": "The order id", "schema": {"type": "string", "format": "uuid"}}},
+            "subscribe": {"summary": "Order events, published by waybill-relay", "message": {"oneOf": refs}},
+        }),
+    );
     json!({
         "asyncapi": "2.6.0",
         "id": "urn:waybill:events",
@@ -84,6 +82,7 @@ fn message(entry: &PayloadSchema, name: &str) -> Value {
                 wire::EVENT_VERSION: constant(json!(entry.event_version.to_string())),
                 wire::AGGREGATE_ID: {"type": "string", "format": "uuid"},
                 wire::AGGREGATE_VERSION: {"type": "string", "pattern": "^[1-9][0-9]*$", "description": "Position in the order's stream: the order key"},
+                "Nats-Expected-Last-Subject-Sequence": {"type": "string", "pattern": "^[0-9]+$", "description": "The fence: the stream sequence of the order's previous event (0 for its first); JetStream refuses the message otherwise"},
                 wire::TRACEPARENT: {"type": "string", "description": "W3C trace context, when the command carried one"},
             },
         },
@@ -112,22 +111,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_payload_version_is_a_message_on_its_channel() {
+    fn every_payload_version_is_a_message_on_the_order_channel() {
         let document = asyncapi("WAYBILL_EVENTS", "waybill.events");
-        let channel = &document["channels"]["waybill.events.order.placed.{aggregateId}"];
+        let channels = document["channels"].as_object().expect("channels");
+        assert_eq!(
+            channels.keys().collect::<Vec<_>>(),
+            ["waybill.events.order.{aggregateId}"],
+            "one subject per order, whatever the event type"
+        );
+        let channel = &document["channels"]["waybill.events.order.{aggregateId}"];
         let refs: Vec<&str> = channel["subscribe"]["message"]["oneOf"]
             .as_array()
             .expect("oneOf")
             .iter()
             .filter_map(|r| r["$ref"].as_str())
             .collect();
-        assert_eq!(
-            refs,
-            [
-                "#/components/messages/order.placed.v1",
-                "#/components/messages/order.placed.v2"
-            ]
-        );
+        let expected: Vec<String> = payload_schemas()
+            .iter()
+            .map(|s| {
+                format!(
+                    "#/components/messages/{}.v{}",
+                    s.event_type, s.event_version
+                )
+            })
+            .collect();
+        assert_eq!(refs, expected);
+        assert!(refs.contains(&"#/components/messages/order.placed.v1"));
         assert_eq!(
             document["components"]["messages"]
                 .as_object()
