@@ -14,12 +14,13 @@ pub struct Refused(pub String);
 pub fn report_failure(error: &anyhow::Error, refused: bool, json_output: bool) -> ExitCode {
     let refused = refused || error.chain().any(|cause| cause.is::<Refused>());
     let kind = if refused { "refused" } else { "failed" };
+    // Whatever a cause quotes, a password in a URL is not printed.
+    let message = crate::redact_url(&format!("{error:#}"));
     if json_output {
-        let body =
-            serde_json::json!({ "error": { "kind": kind, "message": format!("{error:#}") } });
+        let body = serde_json::json!({ "error": { "kind": kind, "message": message } });
         println!("{body}");
     } else {
-        eprintln!("error: {error:#}");
+        eprintln!("error: {message}");
     }
     ExitCode::from(if refused { 2 } else { 1 })
 }

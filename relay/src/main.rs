@@ -47,14 +47,8 @@ struct Connection {
     )]
     database_url: String,
 
-    /// NATS server URL.
-    #[arg(
-        long,
-        env = "NATS_URL",
-        default_value = "nats://127.0.0.1:4222",
-        global = true
-    )]
-    nats_url: String,
+    #[command(flatten)]
+    nats: ops::NatsConnection,
 
     /// JetStream stream to publish into.
     #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM, global = true)]
@@ -170,7 +164,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Provision { update } => {
             let relay = Relay::connect(
                 &cli.connection.database_url,
-                &cli.connection.nats_url,
+                cli.connection.nats.clone(),
                 RelayConfig {
                     stream,
                     ..RelayConfig::default()
@@ -226,7 +220,8 @@ async fn relay_run(
         config.relay_id = id;
     }
     config.validate().map_err(ops::Refused)?;
-    let mut relay = Relay::connect(&connection.database_url, &connection.nats_url, config).await?;
+    let mut relay =
+        Relay::connect(&connection.database_url, connection.nats.clone(), config).await?;
     if args.crash_after_publish {
         relay = relay.with_fail_point(FailPoint::AbortProcessAfterPublish);
     }

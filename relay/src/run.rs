@@ -102,7 +102,7 @@ impl Relay {
     /// `config.claim_idle_timeout` are ended by PostgreSQL, which releases a hung relay's rows.
     pub async fn connect(
         database_url: &str,
-        nats_url: &str,
+        nats: impl Into<ops::NatsConnection>,
         config: RelayConfig,
     ) -> anyhow::Result<Self> {
         let idle = format!("{}ms", config.claim_idle_timeout.as_millis());
@@ -123,12 +123,7 @@ impl Relay {
         )
         .await
         .context("connecting to PostgreSQL")?;
-        let client = async_nats::ConnectOptions::new()
-            .name(&config.relay_id)
-            .connection_timeout(Duration::from_secs(5))
-            .connect(nats_url)
-            .await
-            .with_context(|| format!("connecting to NATS at {nats_url}"))?;
+        let client = nats.into().connect(&config.relay_id).await?;
         Ok(Self::new(pool, client, config))
     }
 

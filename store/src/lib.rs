@@ -8,6 +8,7 @@ mod commands;
 mod database;
 mod load;
 mod notify;
+pub mod roles;
 
 pub use append::{AppendError, AppendOptions, AppendResult, append};
 pub use commands::{CommandContext, CommandError, CommandOutcome, EventStore};

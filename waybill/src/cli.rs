@@ -61,8 +61,22 @@ pub enum Command {
     /// Inspect and repair the outbox: status, dead rows, purge (the same as `waybill-relay`).
     #[command(subcommand)]
     Outbox(relay::cli::OutboxCommand),
+    /// Least-privilege PostgreSQL roles for the processes (run as the database's owner).
+    #[command(subcommand)]
+    Roles(RolesCommand),
     #[command(flatten)]
     Order(OrderCommand),
+}
+
+/// `waybill roles …`.
+#[derive(Debug, Subcommand)]
+pub enum RolesCommand {
+    /// Create (or bring up to date) the group roles waybill_app (the command side: append events,
+    /// outbox rows and idempotency keys; read events), waybill_relay (read and settle the outbox, its
+    /// journal, purge) and waybill_projection (its own schemas only; no access to events or outbox).
+    /// Idempotent. Make login users members, e.g.
+    /// CREATE ROLE relay1 LOGIN PASSWORD '…' IN ROLE waybill_relay;
+    Create,
 }
 
 /// The commands that read or change one order.
@@ -86,7 +100,12 @@ pub enum OrderCommand {
 #[derive(Debug, Args)]
 pub struct ServicesArgs {
     /// NATS server URL to check.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    #[arg(
+        long,
+        env = "NATS_URL",
+        default_value = "nats://127.0.0.1:4222",
+        hide_env_values = true
+    )]
     pub nats_url: String,
     /// Also write the exports to this file (written last, so it can be waited for).
     #[arg(long, value_name = "FILE")]

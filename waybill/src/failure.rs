@@ -60,18 +60,10 @@ pub fn with_hint(error: impl Into<anyhow::Error>) -> anyhow::Error {
     }
 }
 
-/// The URL with its password replaced, fit for messages and logs.
+/// The URL with its password (in the user info or a query parameter) replaced, fit for messages and
+/// logs.
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let Some((credentials, host)) = rest.split_once('@') else {
-        return url.to_owned();
-    };
-    match credentials.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
-    }
+    ops::redact_url(url)
 }
 
 #[cfg(test)]
@@ -83,6 +75,10 @@ mod tests {
         assert_eq!(
             redact("postgres://u:secret@h:5432/db"),
             "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(
+            redact("postgres://h:5432/db?user=u&password=secret"),
+            "postgres://h:5432/db?user=u&password=***"
         );
         assert_eq!(redact("postgres://h:5432/db"), "postgres://h:5432/db");
     }

@@ -77,8 +77,34 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .await
                 .map_err(Failure::from)
         }
+        Command::Roles(cli::RolesCommand::Create) => roles_create(&cli.database_url, cli.json)
+            .await
+            .map_err(Failure::from),
         Command::Order(command) => order_command(&cli.database_url, command, cli.json).await,
     }
+}
+
+/// `waybill roles create`: the least-privilege group roles, and what was done.
+async fn roles_create(database_url: &str, json: bool) -> anyhow::Result<()> {
+    let pool = store::connect(database_url, "waybill-roles", 1)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
+    let done = store::roles::create_roles(&pool)
+        .await
+        .map_err(failure::with_hint)
+        .context("creating the roles (this needs the database's owner, with CREATEROLE)")?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"roles": store::roles::ROLES, "statements": done})
+        );
+    } else {
+        for statement in &done {
+            println!("{statement}");
+        }
+        println!("roles ready: {}", store::roles::ROLES.join(", "));
+    }
+    Ok(())
 }
 
 /// `waybill services`: private PostgreSQL and NATS where the configured ones do not answer.

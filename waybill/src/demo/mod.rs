@@ -48,7 +48,12 @@ pub struct DemoArgs {
     pub database_name: String,
 
     /// NATS server URL (a private one is started when it does not answer).
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    #[arg(
+        long,
+        env = "NATS_URL",
+        default_value = "nats://127.0.0.1:4222",
+        hide_env_values = true
+    )]
     pub nats_url: String,
 }
 

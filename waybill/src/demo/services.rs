@@ -66,7 +66,7 @@ impl Services {
             ),
             format!(
                 "NATS       {} ({})",
-                self.nats_url,
+                crate::failure::redact(&self.nats_url),
                 whose(self.private_nats.is_some())
             ),
         ]

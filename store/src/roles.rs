@@ -1,0 +1,59 @@
+//! Least-privilege group roles for the processes that share the event store's database: what
+//! `waybill roles create` sets up. Login users are made members of them (README, "Security").
+//!
+//! - `waybill_app` — the command side: appends events, outbox rows and idempotency keys, reads events.
+//! - `waybill_relay` — reads and settles the outbox, keeps its journal, purges, ends stalled claims.
+//!   It cannot read or change `events`.
+//! - `waybill_projection` — may create and own its own schemas in the database; no access to `events`,
+//!   `outbox` or anything else of the event store.
+
+use sqlx::PgPool;
+
+/// The group roles, in the order they are created.
+pub const ROLES: [&str; 3] = ["waybill_app", "waybill_relay", "waybill_projection"];
+
+/// Creates the group roles when missing and (re)grants exactly their privileges on the database of
+/// `pool`. Idempotent. Returns one line per statement that ran, for the operator.
+pub async fn create_roles(pool: &PgPool) -> sqlx::Result<Vec<String>> {
+    let mut done = Vec::new();
+    let mut tx = pool.begin().await?;
+    for role in ROLES {
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+                .bind(role)
+                .fetch_one(&mut *tx)
+                .await?;
+        if !exists {
+            // Role names are our constants, not input: safe to splice.
+            let sql = format!("CREATE ROLE {role} NOLOGIN");
+            sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                .execute(&mut *tx)
+                .await?;
+            done.push(sql);
+        }
+    }
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&mut *tx)
+        .await?;
+    let quoted = format!("\"{}\"", database.replace('"', "\"\""));
+    let grants = [
+        format!("GRANT CONNECT ON DATABASE {quoted} TO waybill_app, waybill_relay, waybill_projection"),
+        format!("GRANT CREATE ON DATABASE {quoted} TO waybill_projection"),
+        "REVOKE ALL ON events, outbox, outbox_inflight, command_idempotency FROM waybill_app, waybill_relay, waybill_projection".to_owned(),
+        "GRANT USAGE ON SCHEMA public TO waybill_app, waybill_relay".to_owned(),
+        "GRANT SELECT, INSERT ON events TO waybill_app".to_owned(),
+        "GRANT INSERT ON outbox TO waybill_app".to_owned(),
+        "GRANT SELECT, INSERT ON command_idempotency TO waybill_app".to_owned(),
+        "GRANT SELECT, UPDATE, DELETE ON outbox TO waybill_relay".to_owned(),
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_inflight TO waybill_relay".to_owned(),
+        "GRANT EXECUTE ON FUNCTION waybill_end_stale_claims(interval) TO waybill_relay".to_owned(),
+    ];
+    for grant in grants {
+        sqlx::query(sqlx::AssertSqlSafe(grant.clone()))
+            .execute(&mut *tx)
+            .await?;
+        done.push(grant);
+    }
+    tx.commit().await?;
+    Ok(done)
+}

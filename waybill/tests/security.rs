@@ -1,0 +1,262 @@
+//! Secure by default, over the real binary and a real PostgreSQL: TLS to PostgreSQL by `sslmode`,
+//! least-privilege roles that let each process do its job and nothing more, and no secret printed by
+//! `--help` or by a failed login.
+
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn waybill(envs: &[(&str, &str)], args: &[&str]) -> Run {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("waybill runs");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn with_parameter(url: &str, parameter: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{parameter}")
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn sslmode_require_encrypts_and_the_commands_work(pool: PgPool) {
+    let url = with_parameter(&testkit::database_url(&pool).await, "sslmode=require");
+    let migrate = waybill(&[("DATABASE_URL", &url)], &["migrate"]).await;
+    assert_eq!(migrate.code, 0, "{}", migrate.stderr);
+    let place = waybill(
+        &[("DATABASE_URL", &url)],
+        &[
+            "place",
+            "--customer",
+            "alice",
+            "--currency",
+            "EUR",
+            "--line",
+            "MUG:1:100",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(place.code, 0, "{}", place.stderr);
+
+    // The same options the binaries use give an encrypted session.
+    let tls = store::connect(&url, "tls-check", 1).await.expect("connect");
+    let encrypted: bool =
+        sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(&tls)
+            .await
+            .expect("pg_stat_ssl");
+    assert!(encrypted, "sslmode=require must encrypt");
+
+    // verify-ca honours sslrootcert: a CA that did not sign the server's certificate is refused.
+    let dir = ops::unique_temp_dir("waybill-ca", 0).expect("temp dir");
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=stranger",
+        ])
+        .args(["-keyout", "key.pem", "-out", "ca.pem"])
+        .current_dir(&dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl");
+    assert!(status.success());
+    let stranger = with_parameter(
+        &url.replace("sslmode=require", "sslmode=verify-ca"),
+        &format!("sslrootcert={}", dir.join("ca.pem").display()),
+    );
+    let refused = waybill(
+        &[("DATABASE_URL", &stranger)],
+        &["show", &Uuid::now_v7().to_string()],
+    )
+    .await;
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(refused.stderr.contains("certificate"), "{}", refused.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    // …and the CA that did sign it is accepted (this machine's server uses the snakeoil certificate).
+    let server_cert = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
+    if std::path::Path::new(server_cert).exists() {
+        let trusted = with_parameter(
+            &url.replace("sslmode=require", "sslmode=verify-ca"),
+            &format!("sslrootcert={server_cert}"),
+        );
+        let run = waybill(
+            &[("DATABASE_URL", &trusted)],
+            &["show", &Uuid::now_v7().to_string()],
+        )
+        .await;
+        assert_eq!(run.code, 2, "verified, then: unknown order: {}", run.stderr);
+    }
+}
+
+/// A login user in `group`, on the server of `DATABASE_URL`; dropped by the caller.
+async fn login_user(pool: &PgPool, group: &str) -> (String, String) {
+    let name = format!("wb_test_{}", Uuid::now_v7().simple());
+    let sql = format!("CREATE ROLE {name} LOGIN PASSWORD 'pw' IN ROLE {group}");
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .expect("create login");
+    let url = testkit::database_url(pool).await;
+    // The test server trusts local connections; the user name is what matters for privileges.
+    let (scheme_rest, database) = url.rsplit_once('/').expect("url with database");
+    let host = scheme_rest
+        .rsplit_once('@')
+        .map_or(scheme_rest.trim_start_matches("postgres://"), |(_, h)| h);
+    (name.clone(), format!("postgres://{name}@{host}/{database}"))
+}
+
+async fn drop_user(pool: &PgPool, name: &str) {
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .expect("db");
+    for sql in [
+        format!("REVOKE ALL ON DATABASE \"{database}\" FROM {name}"),
+        format!("DROP OWNED BY {name}"),
+        format!("DROP ROLE {name}"),
+    ] {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await;
+    }
+}
+
+async fn denied(pool: &PgPool, sql: &'static str) -> bool {
+    match sqlx::query(sql).execute(pool).await {
+        Ok(_) => false,
+        Err(error) => store::has_sqlstate(&error, "42501"),
+    }
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn each_role_can_do_its_job_and_nothing_more(pool: PgPool) {
+    let url = testkit::database_url(&pool).await;
+    let first = waybill(&[("DATABASE_URL", &url)], &["roles", "create", "--json"]).await;
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let again = waybill(&[("DATABASE_URL", &url)], &["roles", "create"]).await;
+    assert_eq!(again.code, 0, "idempotent: {}", again.stderr);
+
+    // The command side places an order through the real binary.
+    let (app, app_url) = login_user(&pool, "waybill_app").await;
+    let place = waybill(
+        &[("DATABASE_URL", &app_url)],
+        &[
+            "place",
+            "--customer",
+            "alice",
+            "--currency",
+            "EUR",
+            "--line",
+            "MUG:1:100",
+        ],
+    )
+    .await;
+    assert_eq!(place.code, 0, "waybill_app can place: {}", place.stderr);
+    let as_app = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&app_url)
+        .await
+        .expect("app");
+    assert!(denied(&as_app, "UPDATE outbox SET attempts = 0").await);
+    assert!(denied(&as_app, "DELETE FROM command_idempotency").await);
+
+    // The relay reads and settles the outbox, and nothing of events.
+    let (relay, relay_url) = login_user(&pool, "waybill_relay").await;
+    let as_relay = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&relay_url)
+        .await
+        .expect("relay");
+    let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
+        .fetch_one(&as_relay)
+        .await
+        .expect("the relay reads the outbox");
+    assert_eq!(unsent, 1);
+    sqlx::query("UPDATE outbox SET status = 'sent', stream_seq = 1")
+        .execute(&as_relay)
+        .await
+        .expect("the relay settles");
+    sqlx::query("SELECT waybill_end_stale_claims(interval '1 hour')")
+        .execute(&as_relay)
+        .await
+        .expect("the relay may end stalled claims");
+    assert!(denied(&as_relay, "UPDATE events SET payload = '{}'").await);
+    assert!(denied(&as_relay, "SELECT count(*) FROM events").await);
+
+    // A projection keeps to its own schema.
+    let (projection, projection_url) = login_user(&pool, "waybill_projection").await;
+    let as_projection = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&projection_url)
+        .await
+        .expect("projection");
+    sqlx::query("CREATE SCHEMA IF NOT EXISTS test_projection")
+        .execute(&as_projection)
+        .await
+        .expect("a projection creates its own schema");
+    sqlx::query("CREATE TABLE test_projection.state (k int)")
+        .execute(&as_projection)
+        .await
+        .expect("and its tables");
+    assert!(denied(&as_projection, "SELECT count(*) FROM events").await);
+    assert!(denied(&as_projection, "SELECT count(*) FROM outbox").await);
+
+    for pool in [as_app, as_relay, as_projection] {
+        pool.close().await;
+    }
+    for name in [app, relay, projection] {
+        drop_user(&pool, &name).await;
+    }
+}
+
+#[tokio::test]
+async fn secrets_are_never_printed() {
+    let secret_url = "postgres://nobody:Pg-Secret-1@127.0.0.1:5432/nowhere?password=Pg-Secret-2";
+    let nats_url = "nats://relay:Nats-Secret-3@127.0.0.1:4222";
+    let envs = [
+        ("DATABASE_URL", secret_url),
+        ("NATS_URL", nats_url),
+        ("NATS_PASSWORD", "Nats-Secret-4"),
+    ];
+    for args in [
+        &["--help"][..],
+        &["demo", "--help"],
+        &["services", "--help"],
+        &["show", "--help"],
+    ] {
+        let run = waybill(&envs, args).await;
+        let printed = format!("{}{}", run.stdout, run.stderr);
+        assert!(
+            !printed.contains("Secret"),
+            "{args:?} printed a secret:\n{printed}"
+        );
+    }
+    let failed = waybill(&envs, &["show", &Uuid::now_v7().to_string()]).await;
+    assert_eq!(failed.code, 1);
+    let printed = format!("{}{}", failed.stdout, failed.stderr);
+    assert!(printed.contains("PostgreSQL"), "{printed}");
+    assert!(
+        !printed.contains("Secret"),
+        "a failed login printed a secret:\n{printed}"
+    );
+}
