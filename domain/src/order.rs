@@ -317,17 +317,22 @@ fn decide_place(place: &PlaceOrder) -> Result<OrderPlaced, OrderError> {
     let total_cents = place
         .lines
         .iter()
-        .try_fold(0i64, |sum, line| sum.checked_add(line.subtotal_cents()?))
-        .filter(|total| *total <= Cents::MAX)
-        .ok_or_else(|| {
-            OrderError::InvalidValue(ValueError {
+        .try_fold(0i64, |sum, line| sum.checked_add(line.subtotal_cents()?));
+    // The same bound as a payment: an order whose total no payment may carry could be placed but
+    // never paid.
+    let total_cents = match total_cents {
+        Some(total) if total <= Cents::MAX => total,
+        total => {
+            return Err(OrderError::InvalidValue(ValueError {
                 field: "order total",
-                value: format!("more than {} cents", Cents::MAX),
-                // The same bound as a payment: an order whose total no payment may carry could be
-                // placed but never paid.
+                value: total.map_or_else(
+                    || "more than 9.2e18 cents".to_owned(),
+                    |t| format!("{t} cents"),
+                ),
                 rule: "it must be at most 10^12 cents, the largest payment accepted",
-            })
-        })?;
+            }));
+        }
+    };
     Ok(OrderPlaced {
         customer_id: place.customer_id.clone(),
         currency: place.currency.clone(),
