@@ -78,6 +78,13 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is never read, so the connection cannot carry another request;
+            // saying so keeps a client from sending its next request into a closing socket.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 }
