@@ -312,16 +312,27 @@ fn decide_place(place: &PlaceOrder) -> Result<OrderPlaced, OrderError> {
         }
     }
     // The value bounds keep each subtotal at or below 10^18 cents, but ten such lines already exceed
-    // i64: checked arithmetic turns that into a refusal instead of a wrapped total.
+    // i64: checked arithmetic turns that into a refusal instead of a wrapped total, and a total above
+    // Cents::MAX is refused like an unpayable one.
     let total_cents = place
         .lines
         .iter()
-        .try_fold(0i64, |sum, line| sum.checked_add(line.subtotal_cents()?))
-        .ok_or(OrderError::InvalidValue(ValueError {
-            field: "order total",
-            value: "more than 9.2e18 cents".into(),
-            rule: "it must fit in a 64-bit integer",
-        }))?;
+        .try_fold(0i64, |sum, line| sum.checked_add(line.subtotal_cents()?));
+    // The same bound as a payment: an order whose total no payment may carry could be placed but
+    // never paid.
+    let total_cents = match total_cents {
+        Some(total) if total <= Cents::MAX => total,
+        total => {
+            return Err(OrderError::InvalidValue(ValueError {
+                field: "order total",
+                value: total.map_or_else(
+                    || "more than 9.2e18 cents".to_owned(),
+                    |t| format!("{t} cents"),
+                ),
+                rule: "it must be at most 10^12 cents, the largest payment accepted",
+            }));
+        }
+    };
     Ok(OrderPlaced {
         customer_id: place.customer_id.clone(),
         currency: place.currency.clone(),
@@ -441,6 +452,24 @@ mod tests {
             .decide(&place(lines))
             .expect_err("overflow");
         assert!(err.to_string().contains("order total"), "{err}");
+    }
+
+    #[test]
+    fn an_order_that_no_payment_could_settle_is_refused_at_place() {
+        // Two lines, each within the price bound, together 2 × 10^12 cents.
+        let lines = vec![line("GOLD", 2, Cents::MAX), line("SILVER", 1, 1)];
+        let err = Order::new(id())
+            .decide(&place(lines))
+            .expect_err("unpayable");
+        assert!(err.to_string().contains("order total"), "{err}");
+        assert!(err.to_string().contains("10^12"), "{err}");
+        // The largest total that is accepted can be paid.
+        let order = Order::new(id());
+        let events = order
+            .decide(&place(vec![line("GOLD", 1, Cents::MAX)]))
+            .expect("at the bound");
+        let order = events.iter().fold(order, |o, e| o.apply(e));
+        assert!(order.decide(&pay(Cents::MAX)).is_ok());
     }
 
     #[test]

@@ -151,21 +151,87 @@ validated_text!(
     |t| check_token("sku", t, 32, true)
 );
 
-validated_text!(
-    /// An ISO 4217-shaped currency code: three upper-case letters, e.g. `EUR`.
-    Currency,
-    |t| {
-        if t.len() == 3 && t.chars().all(|c| c.is_ascii_uppercase()) {
-            Ok(())
+/// The active ISO 4217 alphabetic codes (currencies, funds, precious metals, `XTS` for tests and `XXX`
+/// for "no currency"), sorted so membership is a binary search. Withdrawn codes (`HRK`, `ZWL`, `SLL`, …)
+/// are not accepted for new orders.
+pub const ISO_4217: &[&str] = &[
+    "AED", "AFN", "ALL", "AMD", "ANG", "AOA", "ARS", "AUD", "AWG", "AZN", "BAM", "BBD", "BDT",
+    "BGN", "BHD", "BIF", "BMD", "BND", "BOB", "BOV", "BRL", "BSD", "BTN", "BWP", "BYN", "BZD",
+    "CAD", "CDF", "CHE", "CHF", "CHW", "CLF", "CLP", "CNY", "COP", "COU", "CRC", "CUP", "CVE",
+    "CZK", "DJF", "DKK", "DOP", "DZD", "EGP", "ERN", "ETB", "EUR", "FJD", "FKP", "GBP", "GEL",
+    "GHS", "GIP", "GMD", "GNF", "GTQ", "GYD", "HKD", "HNL", "HTG", "HUF", "IDR", "ILS", "INR",
+    "IQD", "IRR", "ISK", "JMD", "JOD", "JPY", "KES", "KGS", "KHR", "KMF", "KPW", "KRW", "KWD",
+    "KYD", "KZT", "LAK", "LBP", "LKR", "LRD", "LSL", "LYD", "MAD", "MDL", "MGA", "MKD", "MMK",
+    "MNT", "MOP", "MRU", "MUR", "MVR", "MWK", "MXN", "MXV", "MYR", "MZN", "NAD", "NGN", "NIO",
+    "NOK", "NPR", "NZD", "OMR", "PAB", "PEN", "PGK", "PHP", "PKR", "PLN", "PYG", "QAR", "RON",
+    "RSD", "RUB", "RWF", "SAR", "SBD", "SCR", "SDG", "SEK", "SGD", "SHP", "SLE", "SOS", "SRD",
+    "SSP", "STN", "SVC", "SYP", "SZL", "THB", "TJS", "TMT", "TND", "TOP", "TRY", "TTD", "TWD",
+    "TZS", "UAH", "UGX", "USD", "USN", "UYI", "UYU", "UYW", "UZS", "VED", "VES", "VND", "VUV",
+    "WST", "XAF", "XAG", "XAU", "XBA", "XBB", "XBC", "XBD", "XCD", "XCG", "XDR", "XOF", "XPD",
+    "XPF", "XPT", "XSU", "XTS", "XUA", "XXX", "YER", "ZAR", "ZMW", "ZWG",
+];
+
+/// An ISO 4217 currency code, e.g. `EUR`.
+///
+/// [`Currency::parse`] (every new order, over HTTP and the command line) accepts only the active codes of
+/// [`ISO_4217`]. Deserializing checks only the shape (three upper-case letters): a recorded event is
+/// history, and an order placed before the list was enforced, or in a currency withdrawn since, must
+/// still load.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Currency(String);
+
+impl Currency {
+    /// Accepts an active ISO 4217 code; the error says which rule the text broke.
+    pub fn parse(text: &str) -> Result<Self, ValueError> {
+        let currency = Self::recorded(text)?;
+        if ISO_4217.binary_search(&text).is_err() {
+            return Err(ValueError::new(
+                "currency",
+                text,
+                "it must be an active ISO 4217 currency code, like EUR",
+            ));
+        }
+        Ok(currency)
+    }
+
+    /// The shape check alone, for codes read back from history.
+    fn recorded(text: &str) -> Result<Self, ValueError> {
+        if text.len() == 3 && text.chars().all(|c| c.is_ascii_uppercase()) {
+            Ok(Self(text.to_owned()))
         } else {
             Err(ValueError::new(
                 "currency",
-                t,
+                text,
                 "it must be three upper-case letters, like EUR",
             ))
         }
     }
-);
+
+    /// The code.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Currency {
+    type Error = ValueError;
+    fn try_from(text: String) -> Result<Self, ValueError> {
+        Self::recorded(&text)
+    }
+}
+
+impl From<Currency> for String {
+    fn from(value: Currency) -> String {
+        value.0
+    }
+}
+
+impl fmt::Display for Currency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 validated_text!(
     /// Free text a person wrote (a cancel reason, a carrier, a tracking number, a payment reference):
@@ -243,12 +309,15 @@ impl From<Quantity> for i64 {
 }
 
 /// A positive amount of money in the smallest unit of its currency (cents), at most 10^12.
+///
+/// [`Cents::MAX`] is the one bound on money: a unit price, a payment and an order's total (checked when
+/// the order is placed), so every order that is accepted can be paid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "i64", into = "i64")]
 pub struct Cents(i64);
 
 impl Cents {
-    /// The largest single amount accepted (ten billion in major units): totals stay far from `i64::MAX`.
+    /// The largest amount accepted (ten billion in major units), for prices, payments and order totals.
     pub const MAX: i64 = 1_000_000_000_000;
 
     /// Accepts 1..=[`Cents::MAX`].
@@ -387,11 +456,29 @@ mod tests {
     }
 
     #[test]
-    fn currencies_are_three_upper_case_letters() {
-        assert!(Currency::parse("EUR").is_ok());
-        for bad in ["eur", "EURO", "E1R", ""] {
+    fn currencies_are_active_iso_4217_codes() {
+        for good in ["EUR", "USD", "JPY", "CHF", "XXX", "ZWG"] {
+            assert!(Currency::parse(good).is_ok(), "{good}");
+        }
+        for bad in ["eur", "EURO", "E1R", "", "ZZZ", "ABC", "HRK"] {
             assert!(Currency::parse(bad).is_err(), "{bad}");
         }
+        let err = Currency::parse("ZZZ").expect_err("not a currency");
+        assert!(err.to_string().contains("ISO 4217"), "{err}");
+    }
+
+    #[test]
+    fn the_currency_list_is_sorted_and_unique() {
+        // Binary search needs it; a duplicate would hide a typo.
+        assert!(ISO_4217.windows(2).all(|w| w[0] < w[1]));
+        assert!(ISO_4217.iter().all(|c| Currency::recorded(c).is_ok()));
+    }
+
+    #[test]
+    fn a_recorded_currency_loads_even_if_no_longer_accepted() {
+        let old: Currency = serde_json::from_str("\"HRK\"").expect("history loads");
+        assert_eq!(old.as_str(), "HRK");
+        assert!(serde_json::from_str::<Currency>("\"eur\"").is_err());
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! Process plumbing shared by every waybill binary: logging, shutdown signals, the metrics and health
-//! endpoint, private broker instances, and measurement helpers for the benchmark programs.
+//! Process plumbing shared by every waybill binary: logging, shutdown signals, the hardened HTTP
+//! edge, the metrics and health endpoint, private broker instances, and measurement helpers for the benchmark programs.
 
+mod edge;
 mod exit;
 mod local_nats;
 mod local_postgres;
@@ -11,6 +12,7 @@ mod shutdown;
 pub mod stats;
 mod telemetry;
 
+pub use edge::{EdgeConfig, Served, serve_with};
 pub use exit::{Refused, report_failure};
 pub use local_nats::{NatsServer, find_binary, free_port, unique_temp_dir};
 pub use local_postgres::{PostgresServer, reachable};

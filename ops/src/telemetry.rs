@@ -48,24 +48,17 @@ pub fn telemetry_routes(metrics: PrometheusHandle, health: HealthCheck) -> Route
         .with_state(Telemetry { metrics, health })
 }
 
-/// Serves `router` on `listen` until `shutdown` resolves; returns the bound address (useful with port 0).
+/// Serves `router` on `listen` behind the default HTTP edge (see [`crate::EdgeConfig`]) until
+/// `shutdown` resolves; returns the bound address (useful with port 0).
 pub async fn serve(
     listen: SocketAddr,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    let bound = listener.local_addr()?;
-    tracing::info!(%bound, "serving /metrics and /health");
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(%error, "HTTP endpoint failed");
-        }
-    });
-    Ok(bound)
+    let served =
+        crate::edge::serve_with(listen, router, shutdown, crate::EdgeConfig::default()).await?;
+    tracing::info!(bound = %served.address, "serving HTTP");
+    Ok(served.address)
 }
 
 async fn render_metrics(State(t): State<Telemetry>) -> Response {

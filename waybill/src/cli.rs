@@ -44,7 +44,7 @@ pub enum Command {
     /// Create the database if it does not exist and apply every pending migration.
     Migrate,
     /// Run the HTTP order service (POST /orders, /orders/{id}/pay|cancel|ship, GET /orders/{id},
-    /// /openapi.json, /health, /metrics) until SIGTERM/Ctrl-C.
+    /// /openapi.json; /health and /metrics on --metrics-listen) until SIGTERM/Ctrl-C.
     Serve(ServeArgs),
     /// The whole system in one command: fresh database and stream, the order service, the relay and
     /// the three projections, a scripted story with a relay crash, a legacy event and a duplicate,
@@ -129,9 +129,60 @@ pub struct SchemaArgs {
 /// `waybill serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to listen on.
+    /// Address of the public API.
     #[arg(long, env = "WAYBILL_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
+
+    /// Address of /metrics and /health, kept apart from the API so they need not be exposed with it
+    /// and stay reachable when the API is busy.
+    #[arg(long, env = "WAYBILL_METRICS_LISTEN", default_value = "127.0.0.1:9463")]
+    pub metrics_listen: std::net::SocketAddr,
+
+    #[command(flatten)]
+    pub edge: EdgeArgs,
+}
+
+/// The limits of the HTTP edge, on both listeners.
+#[derive(Debug, Args)]
+pub struct EdgeArgs {
+    /// Time a client has to send a request's headers (from connect, or from the previous response).
+    #[arg(long, env = "WAYBILL_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub header_read_timeout: std::time::Duration,
+
+    /// Time a request may take from its headers to its response, body included (then 503).
+    #[arg(long, env = "WAYBILL_REQUEST_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub request_timeout: std::time::Duration,
+
+    /// A kept-alive connection without a request for this long is closed (at most the header read
+    /// timeout, whose clock also runs between requests).
+    #[arg(long, env = "WAYBILL_KEEP_ALIVE_IDLE", default_value = "5s", value_parser = duration)]
+    pub keep_alive_idle: std::time::Duration,
+
+    /// Open connections per listener at most; further clients wait to be accepted.
+    #[arg(long, env = "WAYBILL_MAX_CONNECTIONS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+}
+
+impl EdgeArgs {
+    /// The edge configuration these flags describe.
+    pub fn config(&self) -> ops::EdgeConfig {
+        ops::EdgeConfig {
+            header_read_timeout: self.header_read_timeout,
+            request_timeout: self.request_timeout,
+            keep_alive_idle: self.keep_alive_idle,
+            max_connections: self.max_connections as usize,
+        }
+    }
+}
+
+/// A positive duration like `10s` or `500ms`.
+fn duration(text: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("it must be longer than zero".to_owned()),
+        Err(e) => Err(format!("{e}; write it like 10s or 500ms")),
+    }
 }
 
 /// Options every state-changing command accepts.

@@ -1,7 +1,6 @@
 //! The HTTP order service (`waybill serve`): place, pay, cancel, ship and read orders over JSON, with
 //! `Idempotency-Key` retries, `ETag`/`If-Match` optimistic locking, and RFC 9457 problem details.
 
-use std::net::SocketAddr;
 use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Request, State};
@@ -22,8 +21,9 @@ use uuid::Uuid;
 /// Request bodies larger than this are refused with 413 (500 lines fit in about 40 KiB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-/// The service's routes, with the telemetry routes of `telemetry` merged in.
-pub fn router(store: EventStore, telemetry: Router) -> Router {
+/// The service's routes. `/metrics` and `/health` are not among them: they are served on their own
+/// listener (`--metrics-listen`), apart from the public API.
+pub fn router(store: EventStore) -> Router {
     Router::new()
         .route("/orders", post(place))
         .route("/orders/{id}", get(show))
@@ -44,22 +44,7 @@ pub fn router(store: EventStore, telemetry: Router) -> Router {
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(store)
-        .merge(telemetry)
         .layer(middleware::from_fn(observe))
-}
-
-/// Serves `router` on `listen` until `shutdown` resolves.
-pub async fn serve(
-    listen: SocketAddr,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!(address = %listener.local_addr()?, "order service listening");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await?;
-    Ok(())
 }
 
 /// An RFC 9457 problem: `application/problem+json` with a type, a title, the status and a detail.
@@ -93,6 +78,13 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is never read, so the connection cannot carry another request;
+            // saying so keeps a client from sending its next request into a closing socket.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 }
@@ -148,34 +140,146 @@ impl From<CommandError> for Problem {
     }
 }
 
-/// `Json<T>` whose rejections are problems: 400 for a body that is not the expected JSON, 413 for one
-/// too large, 415 without a JSON content type.
+/// A JSON body whose refusals are problems: 415 without a JSON content type, 413 for one too large,
+/// 400 for one that is not the expected JSON, with a message that names the field and the rule.
 pub struct Body<T>(T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = Problem;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Problem> {
-        match Json::<T>::from_request(request, state).await {
-            Ok(Json(value)) => Ok(Body(value)),
-            Err(rejection) => Err(match rejection.status() {
-                StatusCode::PAYLOAD_TOO_LARGE => Problem::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body-too-large",
-                    format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
-                ),
-                StatusCode::UNSUPPORTED_MEDIA_TYPE => Problem::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "not-json",
-                    "send the body as application/json",
-                ),
-                _ => Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    "malformed-body",
-                    rejection.body_text(),
-                ),
-            }),
+        if !is_json(request.headers()) {
+            return Err(not_json());
         }
+        let bytes = read_body(request, state).await?;
+        parse_json(&bytes).map(Body)
+    }
+}
+
+fn not_json() -> Problem {
+    Problem::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "not-json",
+        "send the body as application/json",
+    )
+}
+
+/// `application/json` or an `application/…+json` type, parameters aside.
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+async fn read_body<S: Send + Sync>(
+    request: Request,
+    state: &S,
+) -> Result<axum::body::Bytes, Problem> {
+    axum::body::Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+            ),
+            _ => Problem::new(
+                StatusCode::BAD_REQUEST,
+                "unreadable-body",
+                "the request body could not be read",
+            ),
+        })
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        Problem::new(StatusCode::BAD_REQUEST, "malformed-body", explain(&error))
+    })?;
+    // Trailing bytes after the object are as malformed as a missing brace.
+    deserializer.end().map_err(|error| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-body",
+            format!(
+                "the body is not well-formed JSON: something follows the object (at line {} column {})",
+                error.line(),
+                error.column()
+            ),
+        )
+    })?;
+    Ok(value)
+}
+
+/// Says what is wrong with a body in the API's words: the JSON path of the field and the rule, never
+/// serde's names for Rust types (`expected struct PlaceRequest`, `expected i64`).
+fn explain(error: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    use serde_json::error::Category;
+    let inner = error.inner();
+    let at = format!("line {} column {}", inner.line(), inner.column());
+    if !matches!(inner.classify(), Category::Data) {
+        return format!("the body is not well-formed JSON (at {at})");
+    }
+    let path = error.path().to_string();
+    let field = |name: &str| {
+        if path == "." {
+            format!("field `{name}`")
+        } else if path.ends_with(name) {
+            format!("field `{path}`")
+        } else {
+            format!("field `{path}.{name}`")
+        }
+    };
+    let message = inner.to_string();
+    let message = message
+        .rsplit_once(" at line ")
+        .map_or(message.as_str(), |(m, _)| m);
+    if let Some(rest) = message.strip_prefix("missing field `") {
+        let name = rest.split('`').next().unwrap_or(rest);
+        return format!("{} is required", field(name));
+    }
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let name = rest.split('`').next().unwrap_or(rest);
+        let allowed = rest
+            .split_once("expected ")
+            .map(|(_, a)| format!("; the fields here are {a}"))
+            .unwrap_or_default();
+        return format!("{} is not allowed{allowed}", field(name));
+    }
+    let what = if path == "." {
+        "the body".to_owned()
+    } else {
+        format!("field `{path}`")
+    };
+    match message.split_once(", expected ") {
+        Some((_, expected)) => format!("{what} must be {} (at {at})", in_words(expected)),
+        None => format!("{what} has an invalid value (at {at})"),
+    }
+}
+
+/// serde's description of an expected type, as a JSON type.
+fn in_words(expected: &str) -> &'static str {
+    match expected {
+        e if e.starts_with("struct ") || e.contains("map") => "a JSON object",
+        e if e.contains("sequence") => "an array",
+        "i64" | "i32" | "u64" | "u32" | "i16" | "u16" | "i8" | "u8" => {
+            "a whole number within 64 bits"
+        }
+        "f64" | "f32" => "a number",
+        e if e.contains("string") => "a string",
+        e if e.contains("boolean") => "true or false",
+        _ => "of another JSON type",
     }
 }
 
@@ -287,26 +391,20 @@ async fn pay(
     change(store, &id, &headers, command).await
 }
 
-/// The body is optional here: an empty one cancels without a reason.
+/// The body is optional here: an empty one cancels without a reason; any other must be JSON.
 async fn cancel(
     store: State<EventStore>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    request: Request,
 ) -> Result<Response, Problem> {
-    let body = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => Problem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body-too-large",
-            format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
-        ),
-        status => Problem::new(status, "malformed-body", rejection.body_text()),
-    })?;
+    let body = read_body(request, &()).await?;
     let request: CancelRequest = if body.iter().all(u8::is_ascii_whitespace) {
         CancelRequest::default()
+    } else if !is_json(&headers) {
+        return Err(not_json());
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "malformed-body", e.to_string()))?
+        parse_json(&body)?
     };
     let reason = request
         .reason
@@ -375,45 +473,64 @@ fn order_id(text: &str) -> Result<OrderId, Problem> {
         .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "malformed-order-id", e.to_string()))
 }
 
-/// The version an `If-Match` header requires (`"3"` or `W/"3"`); `*` or no header require none.
+/// The version an `If-Match` header requires; `*` or no header require none.
+///
+/// Only a strong tag of this service (`"3"`) is accepted. `If-Match` compares strongly (RFC 9110
+/// §13.1.1), so a weak tag (`W/"3"`) can never match: 412. Anything that is not an entity tag (an
+/// unbalanced quote, a bare number, a list) is malformed: 400.
 fn if_match(headers: &HeaderMap) -> Result<Option<i64>, Problem> {
     let Some(value) = headers.get(header::IF_MATCH) else {
         return Ok(None);
     };
-    let text = value.to_str().unwrap_or("").trim();
+    let malformed = |text: &str| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-if-match",
+            format!(
+                "header If-Match {text:?} is not one entity tag of this service: send the ETag as \
+                 received, like \"3\", or *"
+            ),
+        )
+    };
+    let text = value.to_str().map_err(|_| malformed("(not ASCII)"))?.trim();
     if text == "*" {
         return Ok(None);
     }
-    text.trim_start_matches("W/")
-        .trim_matches('"')
-        .parse::<i64>()
-        .map(Some)
-        .map_err(|_| {
-            Problem::new(
-                StatusCode::BAD_REQUEST,
-                "malformed-if-match",
-                format!("If-Match {text:?} is not an ETag of this service, like \"3\""),
-            )
-        })
+    if let Some(weak) = text.strip_prefix("W/") {
+        return Err(Problem::new(
+            StatusCode::PRECONDITION_FAILED,
+            "weak-if-match",
+            format!(
+                "header If-Match {text:?} is a weak tag, and If-Match only matches strong tags; \
+                 send {weak}"
+            ),
+        ));
+    }
+    let digits = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| malformed(text))?;
+    digits.parse::<i64>().map(Some).map_err(|_| malformed(text))
 }
 
 /// Idempotency key, correlation id and trace context from the request headers.
 fn context(headers: &HeaderMap, expected_version: Option<i64>) -> Result<CommandContext, Problem> {
     // A header that is present but not visible ASCII is refused, not ignored: dropping an
     // Idempotency-Key would turn a retry into a second order.
-    let text = |name: &'static str| -> Result<Option<String>, Problem> {
+    let text = |name: &'static str, shown: &'static str| -> Result<Option<String>, Problem> {
         match headers.get(name) {
             None => Ok(None),
             Some(value) => value.to_str().map(|v| Some(v.to_owned())).map_err(|_| {
                 Problem::new(
                     StatusCode::BAD_REQUEST,
                     "malformed-header",
-                    format!("header {name} must be visible ASCII"),
+                    format!("header {shown} must be visible ASCII"),
                 )
             }),
         }
     };
-    let correlation_id = match text("x-correlation-id")? {
+    let correlation_id = match text("x-correlation-id", "X-Correlation-Id")? {
         Some(value) => Some(Uuid::parse_str(&value).map_err(|_| {
             Problem::new(
                 StatusCode::BAD_REQUEST,
@@ -424,10 +541,10 @@ fn context(headers: &HeaderMap, expected_version: Option<i64>) -> Result<Command
         None => None,
     };
     Ok(CommandContext {
-        idempotency_key: text("idempotency-key")?,
+        idempotency_key: text("idempotency-key", "Idempotency-Key")?,
         expected_version,
         correlation_id,
-        traceparent: text("traceparent")?.filter(|t| is_traceparent(t)),
+        traceparent: text("traceparent", "traceparent")?.filter(|t| is_traceparent(t)),
     })
 }
 
@@ -444,17 +561,36 @@ fn is_traceparent(text: &str) -> bool {
 /// Logs every request and counts it by route and status.
 async fn observe(request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().clone();
+    // Labels take a bounded set of values: a made-up method would otherwise mint a new series (and a
+    // log field) per request, forever.
+    let method = method_label(request.method());
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let response = next.run(request).await;
     let status = response.status().as_u16();
-    metrics::counter!("waybill_http_requests_total", "method" => method.to_string(), "route" => route.clone(), "status" => status.to_string())
+    metrics::counter!("waybill_http_requests_total", "method" => method, "route" => route.clone(), "status" => status.to_string())
         .increment(1);
     metrics::histogram!("waybill_http_request_seconds", "route" => route.clone())
         .record(started.elapsed().as_secs_f64());
     tracing::info!(%method, %route, status, elapsed_ms = started.elapsed().as_millis() as u64, "request");
     response
+}
+
+/// The standard methods by name; every other one is `other`.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::TRACE => "TRACE",
+        Method::CONNECT => "CONNECT",
+        _ => "other",
+    }
 }

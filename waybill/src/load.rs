@@ -45,14 +45,10 @@ pub async fn run(database_url: &str, args: LoadArgs, json_output: bool) -> anyho
                 .context("connecting to PostgreSQL")?;
             let store = EventStore::new(pool.clone())
                 .with_notifier(OutboxNotifier::spawn(pool, Duration::from_millis(5)));
-            let telemetry = ops::telemetry_routes(
-                ops::install_metrics_recorder()?,
-                Arc::new(|| Box::pin(async { (true, json!({})) })),
-            );
             let mut watcher = stop.subscribe();
             let address = ops::serve(
                 SocketAddr::from(([127, 0, 0, 1], 0)),
-                crate::http::router(store, telemetry),
+                crate::http::router(store),
                 async move {
                     let _ = watcher.wait_for(|s| *s).await;
                 },

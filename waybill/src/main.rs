@@ -40,9 +40,7 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Migrate => migrate::run(&cli.database_url, cli.json).await,
-        Command::Serve(args) => serve(&cli.database_url, args.listen)
-            .await
-            .map_err(Failure::from),
+        Command::Serve(args) => serve(&cli.database_url, args).await.map_err(Failure::from),
         Command::Demo(args) => demo::run(&cli.database_url, args)
             .await
             .map_err(Failure::from),
@@ -128,8 +126,8 @@ async fn services(database_url: &str, args: cli::ServicesArgs) -> anyhow::Result
     Ok(())
 }
 
-/// `waybill serve`: the HTTP order service with its metrics and health check.
-async fn serve(database_url: &str, listen: std::net::SocketAddr) -> anyhow::Result<()> {
+/// `waybill serve`: the HTTP order service, and its metrics and health check on their own listener.
+async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
     let pool = store::connect(database_url, "waybill-serve", 16)
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
@@ -147,8 +145,26 @@ async fn serve(database_url: &str, listen: std::net::SocketAddr) -> anyhow::Resu
             (database, serde_json::json!({"database": database}))
         })
     });
-    let router = http::router(store, ops::telemetry_routes(metrics, health));
-    http::serve(listen, router, ops::shutdown_signal()).await
+    let edge = args.edge.config();
+    let api = ops::serve_with(
+        args.listen,
+        http::router(store),
+        ops::shutdown_signal(),
+        edge,
+    )
+    .await
+    .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let telemetry = ops::serve_with(
+        args.metrics_listen,
+        ops::telemetry_routes(metrics, health),
+        ops::shutdown_signal(),
+        edge,
+    )
+    .await
+    .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
+    tracing::info!(api = %api.address, metrics = %telemetry.address, "order service listening");
+    tokio::join!(api.stopped(), telemetry.stopped());
+    Ok(())
 }
 
 async fn order_command(

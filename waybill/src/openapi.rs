@@ -13,8 +13,6 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("post", "/orders/{id}/cancel"),
     ("post", "/orders/{id}/ship"),
     ("get", "/openapi.json"),
-    ("get", "/health"),
-    ("get", "/metrics"),
 ];
 
 fn problem(description: &str) -> Value {
@@ -38,7 +36,7 @@ fn command(summary: &str, body: &str, extra: &[(&str, Value)]) -> Value {
         "400": problem("Malformed body, order id, If-Match or header"),
         "404": problem("Unknown order"),
         "409": problem("Illegal transition, or a race lost too often"),
-        "412": problem("If-Match names a version the order is no longer at"),
+        "412": problem("If-Match names a version the order is no longer at, or is a weak tag"),
         "413": problem("Body too large"),
         "415": problem("Body is not application/json"),
         "422": problem("A refused domain rule or invalid value"),
@@ -78,7 +76,7 @@ pub fn document() -> Value {
         "info": {
             "title": "waybill order service",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Commands write events and their outbox rows in one transaction; the relay publishes them to NATS JetStream. Errors are RFC 9457 problem details."
+            "description": "Commands write events and their outbox rows in one transaction; the relay publishes them to NATS JetStream. Errors are RFC 9457 problem details, including 404 for an unknown route, 405 for a method a route does not take and 503 for a request over the request timeout. /metrics and /health are served on the separate --metrics-listen address."
         },
         "paths": {
             "/orders": {"post": {
@@ -101,9 +99,7 @@ pub fn document() -> Value {
             "/orders/{id}/pay": {"post": command("Pay an order; the amount must equal the total", "PayRequest", &[])},
             "/orders/{id}/cancel": {"post": command("Cancel a placed or paid order (a refund if paid)", "CancelRequest", &[])},
             "/orders/{id}/ship": {"post": command("Ship a paid order", "ShipRequest", &[])},
-            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}},
-            "/health": {"get": {"summary": "Database reachable", "responses": {"200": {"description": "Healthy"}, "503": {"description": "Unhealthy"}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "Text exposition format"}}}}
+            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}}
         },
         "components": {
             "parameters": {

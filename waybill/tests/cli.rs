@@ -207,6 +207,24 @@ async fn every_refused_command_exits_2_names_the_problem_and_changes_nothing(poo
             "more than one line",
         ),
         (
+            "unpayable total",
+            with(&["--line", "GOLD:2:1000000000000"]),
+            "order total",
+        ),
+        (
+            "not an ISO 4217 currency",
+            vec![
+                "place".into(),
+                "--customer".into(),
+                "bob".into(),
+                "--currency".into(),
+                "ZZZ".into(),
+                "--line".into(),
+                "MUG:1:1".into(),
+            ],
+            "ISO 4217",
+        ),
+        (
             "bad currency",
             vec![
                 "place".into(),

@@ -31,6 +31,8 @@ pub struct Wiring {
 pub struct Fleet {
     /// The order service's base URL.
     pub api: String,
+    /// Where the order service answers /health (its metrics listener).
+    api_health: String,
     /// Each projection's name and the base URL of its read API.
     pub reads: Vec<(&'static str, String)>,
     wiring: Wiring,
@@ -79,7 +81,8 @@ impl Fleet {
         );
         let api = ops::serve(
             local(),
-            crate::http::router(store, telemetry.clone()),
+            // Inside the demo the API and its telemetry share one listener; `waybill serve` keeps them apart.
+            crate::http::router(store).merge(telemetry.clone()),
             stopped(),
         )
         .await?;
@@ -114,6 +117,7 @@ impl Fleet {
         projection!(Search, projections::search::routes);
         Ok(Self {
             api: format!("http://{api}"),
+            api_health: format!("http://{api}"),
             reads,
             wiring,
             running: Running::Tasks { stop, tasks },
@@ -125,7 +129,14 @@ impl Fleet {
         let mut children = Vec::new();
         let api_port = ops::free_port()?;
         let mut serve = command(&binary("waybill")?, &wiring, &logs, "order-service")?;
-        serve.args(["serve", "--listen", &format!("127.0.0.1:{api_port}")]);
+        let api_metrics_port = ops::free_port()?;
+        serve.args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{api_port}"),
+            "--metrics-listen",
+            &format!("127.0.0.1:{api_metrics_port}"),
+        ]);
         children.push((
             "order service".to_owned(),
             serve.spawn().context("starting waybill serve")?,
@@ -146,6 +157,7 @@ impl Fleet {
         }
         Ok(Self {
             api: format!("http://127.0.0.1:{api_port}"),
+            api_health: format!("http://127.0.0.1:{api_metrics_port}"),
             reads,
             wiring,
             running: Running::Processes { children, logs },
@@ -235,7 +247,7 @@ impl Fleet {
 
     async fn wait_healthy(&mut self) -> anyhow::Result<()> {
         let client = reqwest::Client::new();
-        let mut bases = vec![self.api.clone()];
+        let mut bases = vec![self.api_health.clone()];
         bases.extend(self.reads.iter().map(|(_, base)| base.clone()));
         for base in bases {
             let mut healthy = false;
