@@ -282,6 +282,9 @@ pub async fn run_common<P: Projection>(
         )
         .await?,
     );
+    if !matches!(command, Common::Rebuild { .. }) {
+        crate::schema::check_layout(runner.pool(), P::NAME).await?;
+    }
     match command {
         Common::Run(args) => {
             if let Some(listen) = args.listen {

@@ -31,6 +31,7 @@ impl<P: Projection> Runner<P> {
         mut progress: impl FnMut(&Tally) + Send,
     ) -> anyhow::Result<Tally> {
         metrics::describe();
+        crate::schema::check_layout(&self.pool, &self.schema).await?;
         tokio::pin!(shutdown);
         let mut tally = Tally::default();
         // When a batch last settled anything: only a failing database settles nothing.

@@ -452,6 +452,24 @@ mod tests {
     }
 
     #[test]
+    fn a_chaos_header_is_trusted_neither_way() {
+        let body = envelope("order.placed", 2, placed_payload(2500));
+        let mut m = message(&body);
+        if let Some(h) = m.headers.as_mut() {
+            h.insert("Waybill-Chaos", "hostile");
+        }
+        assert!(
+            decode_message(&m, &Upcasters::orders()).is_ok(),
+            "consistent: applied"
+        );
+        m.subject = "p.order.placed".into();
+        assert!(
+            decode_message(&m, &Upcasters::orders()).is_err(),
+            "inconsistent: parked"
+        );
+    }
+
+    #[test]
     fn a_message_that_disagrees_with_its_body_is_poison() {
         let body = envelope("order.placed", 2, placed_payload(2500));
         let upcasters = Upcasters::orders();

@@ -53,7 +53,11 @@ const RUNNER_TABLES: &str = "
         discarded_by      TEXT,
         discard_reason    TEXT
     );
-    CREATE INDEX IF NOT EXISTS parked_by_aggregate ON parked (aggregate_id, aggregate_version);
+    -- An older layout's parked table lacks these columns: `check_layout` names the problem then.
+    DO $$ BEGIN
+        CREATE INDEX IF NOT EXISTS parked_by_aggregate ON parked (aggregate_id, aggregate_version);
+    EXCEPTION WHEN undefined_column THEN NULL;
+    END $$;
     CREATE TABLE IF NOT EXISTS operator_log (
         id     BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         at     TIMESTAMPTZ NOT NULL DEFAULT now(),
@@ -89,6 +93,32 @@ pub async fn connect(database_url: &str, schema: &str, tables: &str) -> anyhow::
     let mut conn = pool.acquire().await?;
     create(&mut conn, schema, tables).await?;
     Ok(pool)
+}
+
+/// Refuses a schema whose runner tables an older waybill laid out (before the held table, when
+/// `parked.headers` was `jsonb`): `CREATE TABLE IF NOT EXISTS` leaves such tables as they are, and
+/// parking into them would fail. `rebuild` replaces the schema with one in the current layout.
+pub async fn check_layout(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
+    let columns: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns
+         WHERE table_schema = $1 AND (table_name, column_name) IN
+               (('parked', 'headers'), ('parked', 'body_sha256'), ('held', 'subject'),
+                ('checkpoints', 'total_cents'))",
+    )
+    .bind(schema)
+    .fetch_all(pool)
+    .await
+    .with_context(|| format!("reading the layout of schema {schema}"))?;
+    let current = columns.len() == 4
+        && columns
+            .iter()
+            .any(|(t, c, ty)| t == "parked" && c == "headers" && ty == "bytea");
+    anyhow::ensure!(
+        current,
+        "schema {schema} was laid out by an older waybill (no held table, or parked headers as jsonb); \
+         run `rebuild`, which builds the state beside it and then replaces it"
+    );
+    Ok(())
 }
 
 /// Drops and recreates the schema with empty tables (inside the caller's transaction).

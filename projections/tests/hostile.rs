@@ -576,3 +576,31 @@ async fn read_apis_refuse_bad_input_page_and_stand_apart_from_metrics(pool: PgPo
     );
     child.kill().await.expect("stops");
 }
+
+/// A projection schema laid out by the previous version (parked headers as `jsonb`, no held table) is
+/// refused with the way out named, and `rebuild` replaces it.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_schema_of_an_older_layout_is_refused_until_rebuilt(pool: PgPool) {
+    let h = Harness::new(&pool).await;
+    sqlx::raw_sql(
+        "CREATE SCHEMA inventory;
+         CREATE TABLE inventory.checkpoints (aggregate_id UUID PRIMARY KEY, version BIGINT NOT NULL,
+                                             event_id UUID NOT NULL, updated_at TIMESTAMPTZ);
+         CREATE TABLE inventory.parked (id BIGINT, subject TEXT, headers JSONB, body BYTEA, reason TEXT);",
+    )
+    .execute(&pool)
+    .await
+    .expect("old layout");
+    h.publish(&envelope(new_order(), 1, &placed("ivan", &["OLD:1:100"])))
+        .await;
+    let (code, out) = run_json(&h, INVENTORY, &["--json", "run", "--once"]).await;
+    assert_eq!(code, 1, "{out}");
+    let message = out["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("older waybill") && message.contains("rebuild"),
+        "{out}"
+    );
+    let (code, out) = run_json(&h, INVENTORY, &["--json", "rebuild"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(stock_of(&pool, "OLD").await, Some((1, 0, 0)));
+}
