@@ -604,3 +604,40 @@ async fn a_schema_of_an_older_layout_is_refused_until_rebuilt(pool: PgPool) {
     assert_eq!(code, 0, "{out}");
     assert_eq!(stock_of(&pool, "OLD").await, Some((1, 0, 0)));
 }
+
+/// A database failure behind a read API is a 503 problem (logged), not an empty body.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_failing_database_is_a_503_problem(pool: PgPool) {
+    let h = Harness::new(&pool).await;
+    let runner = h.runner(Points, h.config()).await;
+    let bound = ops::serve(
+        "127.0.0.1:0".parse().expect("address"),
+        projections::points::routes(runner.pool().clone()),
+        std::future::pending(),
+    )
+    .await
+    .expect("serves");
+    sqlx::query("DROP TABLE points.balances")
+        .execute(&pool)
+        .await
+        .expect("drop");
+    let response = reqwest::get(format!("http://{bound}/customers"))
+        .await
+        .expect("answers");
+    assert_eq!(response.status().as_u16(), 503);
+    assert_eq!(
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/problem+json")
+    );
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["status"], 503, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("reading balances")),
+        "{body}"
+    );
+}
