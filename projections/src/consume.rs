@@ -173,6 +173,16 @@ impl<P: Projection> Runner<P> {
         for attempt in 0..2 {
             match self.apply_batch(std::slice::from_ref(message)).await {
                 Ok(verdicts) => return verdicts.first().copied(),
+                Err(error) if unreachable_database(&error) => {
+                    // Not the message's fault: it must not be parked for it. The broker redelivers.
+                    tracing::warn!(
+                        projection = P::NAME,
+                        stream_sequence = message.stream_sequence,
+                        error = format!("{error:#}"),
+                        "the database is unreachable; leaving the message to the broker"
+                    );
+                    return None;
+                }
                 Err(error) => last_error = format!("{error:#}"),
             }
             if attempt == 0 {
@@ -205,11 +215,42 @@ impl<P: Projection> Runner<P> {
     }
 }
 
+/// True when the database could not be reached at all (connection, pool, protocol), as opposed to a
+/// statement it refused: only the latter can be a message's fault.
+fn unreachable_database(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<sqlx::Error>(),
+            Some(
+                sqlx::Error::Io(_)
+                    | sqlx::Error::Tls(_)
+                    | sqlx::Error::Protocol(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::WorkerCrashed
+            )
+        )
+    })
+}
+
 fn raw_message(message: &jetstream::Message) -> RawMessage {
     RawMessage {
         stream_sequence: message.info().map(|i| i.stream_sequence).unwrap_or(0),
         subject: message.subject.to_string(),
         headers: message.headers.clone(),
         body: message.payload.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unreachable_database_spares_the_message() {
+        let closed = anyhow::Error::from(sqlx::Error::PoolClosed).context("applying a batch");
+        assert!(unreachable_database(&closed));
+        let refused = anyhow::Error::from(sqlx::Error::RowNotFound).context("applying a batch");
+        assert!(!unreachable_database(&refused));
     }
 }
