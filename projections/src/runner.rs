@@ -278,12 +278,13 @@ impl<P: Projection> Runner<P> {
     }
 }
 
-/// A checkpoint row.
+/// An aggregate's checkpoint (absent before its first event) and whether anything is held for it.
 #[derive(Debug, sqlx::FromRow)]
 struct CheckpointRow {
     aggregate_id: Uuid,
-    version: i64,
+    version: Option<i64>,
     total_cents: Option<i64>,
+    has_held: bool,
 }
 
 /// A held row taken out of the held table to be applied (or found stale).
@@ -365,24 +366,36 @@ pub(crate) async fn decide_and_apply<P: Projection>(
         .collect();
     aggregates.sort();
     aggregates.dedup();
-    let checkpoints: HashMap<Uuid, Checkpoint> = sqlx::query_as::<_, CheckpointRow>(
-        "SELECT aggregate_id, version, total_cents FROM checkpoints WHERE aggregate_id = ANY($1)",
+    // One round trip for the checkpoints and for which orders have held events: the held table is
+    // then queried only for those, which is almost never.
+    let rows: Vec<CheckpointRow> = sqlx::query_as(
+        "SELECT a.aggregate_id, c.version, c.total_cents,
+                EXISTS (SELECT 1 FROM held h WHERE h.aggregate_id = a.aggregate_id) AS has_held
+         FROM UNNEST($1::uuid[]) AS a(aggregate_id)
+         LEFT JOIN checkpoints c ON c.aggregate_id = a.aggregate_id",
     )
     .bind(&aggregates)
     .fetch_all(&mut *tx)
     .await
-    .context("reading checkpoints")?
-    .into_iter()
-    .map(|row| {
-        (
-            row.aggregate_id,
-            Checkpoint {
-                version: row.version,
-                total_cents: row.total_cents,
-            },
-        )
-    })
-    .collect();
+    .context("reading checkpoints")?;
+    let with_held: std::collections::HashSet<Uuid> = rows
+        .iter()
+        .filter(|row| row.has_held)
+        .map(|row| row.aggregate_id)
+        .collect();
+    let checkpoints: HashMap<Uuid, Checkpoint> = rows
+        .into_iter()
+        .filter_map(|row| {
+            let version = row.version?;
+            Some((
+                row.aggregate_id,
+                Checkpoint {
+                    version,
+                    total_cents: row.total_cents,
+                },
+            ))
+        })
+        .collect();
 
     let mut plan = Plan::new(messages.len(), checkpoints);
     if let Some((aggregate_id, version)) = force {
@@ -401,7 +414,13 @@ pub(crate) async fn decide_and_apply<P: Projection>(
     let mut held: Vec<(HeldRow, Result<Decoded, Poison>)> = Vec::new();
     let mut held_poison: Vec<usize> = Vec::new();
     loop {
-        let wanted = plan.wanted();
+        // Rows are added to `held` only after this loop, so an order without held rows at the start
+        // of the transaction has none to take.
+        let wanted: Vec<(Uuid, i64)> = plan
+            .wanted()
+            .into_iter()
+            .filter(|(id, _)| with_held.contains(id))
+            .collect();
         if wanted.is_empty() {
             break;
         }
