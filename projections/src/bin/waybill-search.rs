@@ -43,7 +43,7 @@ async fn main() -> ExitCode {
                 println!(
                     "{}  {:<10} {:>10} {}  {}  {}",
                     d.order_id,
-                    d.status,
+                    d.status.to_string(),
                     d.total_cents,
                     d.currency,
                     d.customer_id,
