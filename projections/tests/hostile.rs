@@ -641,3 +641,52 @@ async fn a_failing_database_is_a_503_problem(pool: PgPool) {
         "{body}"
     );
 }
+
+/// A `run` process keeps consuming through a rebuild's swap: afterwards it applies new events to the
+/// rebuilt state, and nothing is counted twice.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_live_run_continues_on_the_rebuilt_state(pool: PgPool) {
+    let h = Harness::new(&pool).await;
+    h.publish(&envelope(new_order(), 1, &placed("judy", &["KEY:2:100"])))
+        .await;
+    let mut live = binary(&h, INVENTORY, &["run"]).spawn().expect("starts");
+    let wait_for_stock = |sku: &'static str, want: (i64, i64, i64)| {
+        let pool = pool.clone();
+        async move {
+            for _ in 0..200 {
+                if stock_of(&pool, sku).await == Some(want) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!(
+                "{sku} never reached {want:?}: {:?}",
+                stock_of(&pool, sku).await
+            );
+        }
+    };
+    wait_for_stock("KEY", (2, 0, 0)).await;
+
+    let (code, out) = run_json(&h, INVENTORY, &["--json", "rebuild"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        stock_of(&pool, "KEY").await,
+        Some((2, 0, 0)),
+        "rebuilt, not doubled"
+    );
+
+    h.publish(&envelope(new_order(), 1, &placed("judy", &["KEY:1:100"])))
+        .await;
+    wait_for_stock("KEY", (3, 0, 0)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        stock_of(&pool, "KEY").await,
+        Some((3, 0, 0)),
+        "nothing applied twice"
+    );
+    assert!(
+        live.try_wait().expect("status").is_none(),
+        "the live run is still running"
+    );
+    live.kill().await.expect("stops");
+}
