@@ -60,21 +60,30 @@ impl<P: Projection> Runner<P> {
         // Live batches wait for the swap; one already under way finishes on the old state first.
         self.lock(&mut tx).await?;
         schema::replace(&mut tx, &next_schema, P::NAME).await?;
-        self.delete_consumer(&self.consumer_name).await?;
         let stream = self.jetstream.get_stream(&self.config.stream).await?;
         let config = self.consumer_config(DeliverPolicy::ByStartSequence {
             start_sequence: consumed_through + 1,
         });
-        stream
-            .create_consumer(config)
-            .await
-            .with_context(|| {
-                format!(
-                    "recreating consumer {} from stream sequence {}; the old state stays (rerun `rebuild`)",
-                    self.consumer_name,
-                    consumed_through + 1
-                )
-            })?;
+        // A live `run` whose consumer just vanished recreates it (from the stream's start) as soon as
+        // it notices: if it wins the race, delete its consumer and try again.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            self.delete_consumer(&self.consumer_name).await?;
+            match stream.create_consumer(config.clone()).await {
+                Ok(_) => break,
+                Err(error) if attempt < 3 => {
+                    tracing::warn!(%error, attempt, consumer = %self.consumer_name, "recreating the live consumer failed; retrying");
+                }
+                Err(error) => {
+                    return Err(anyhow::Error::new(error).context(format!(
+                        "recreating consumer {} from stream sequence {}; the old state stays (rerun `rebuild`)",
+                        self.consumer_name,
+                        consumed_through + 1
+                    )));
+                }
+            }
+        }
         if let Err(error) = tx.commit().await {
             // The consumer now starts after the rebuild, but the old state stayed: events in between
             // would be missing. Say so loudly; a second rebuild repairs it.
