@@ -1,14 +1,16 @@
 //! Projection apply rate: events/s per projection from a stream pre-filled with `--events` events,
-//! batched (one transaction per batch) beside one transaction per event, in the same run.
+//! batched (one transaction per batch) beside one transaction per event, in the same run; then the
+//! rate of the same real events from a second stream where `--gaps` unfillable gaps (`order.paid`
+//! version 2 of orders whose version 1 never comes) are spread among them.
 //!
-//! Run: `cargo bench -p projections --bench apply -- [--events 100000] [--rounds 3] [--per-event-seconds 10]`
+//! Run: `cargo bench -p projections --bench apply -- [--events 100000] [--gaps 10050] [--rounds 3] [--per-event-seconds 10]`
 //!
-//! Orders are placed, paid, then shipped or cancelled (3 events each). Uses `DATABASE_URL`'s server
-//! (database `waybill_bench_projections`) and `NATS_URL` (stream `BENCH_PROJECTIONS`, refilled each run).
+//! Orders are placed, paid, then shipped or cancelled (3 events each), published as the relay does
+//! (subject and headers). Uses `DATABASE_URL`'s server (database `waybill_bench_projections`) and
+//! `NATS_URL` (streams `BENCH_PROJECTIONS` and `BENCH_PROJECTIONS_GAPS`, refilled each run).
 
 use std::time::{Duration, Instant};
 
-use async_nats::HeaderMap;
 use async_nats::jetstream;
 use clap::Parser;
 use domain::{EventEnvelope, EventMeta, OrderEvent, OrderId};
@@ -22,12 +24,17 @@ use uuid::Uuid;
 
 const STREAM: &str = "BENCH_PROJECTIONS";
 const PREFIX: &str = "benchproj.events";
+const GAPS_STREAM: &str = "BENCH_PROJECTIONS_GAPS";
+const GAPS_PREFIX: &str = "benchprojgaps.events";
 
 #[derive(Debug, Parser)]
 struct Args {
     /// Events in the stream.
     #[arg(long, default_value_t = 100_000)]
     events: usize,
+    /// Unfillable gaps spread among the same events in the second stream (0: skip that measurement).
+    #[arg(long, default_value_t = 10_050)]
+    gaps: usize,
     /// Rounds per (projection, mode); medians are reported.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -56,20 +63,25 @@ async fn main() -> anyhow::Result<()> {
     let url = store::with_database(&base, "waybill_bench_projections");
     let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let js = jetstream::new(async_nats::connect(&nats_url).await?);
-    let _ = js.delete_stream(STREAM).await;
-    let settings = StreamSettings {
-        name: STREAM.into(),
-        subject_prefix: PREFIX.into(),
-        ..StreamSettings::default()
-    };
-    relay::ensure_stream(&js, &settings, true).await?;
-    let started = Instant::now();
-    fill_stream(&js, args.events).await?;
-    eprintln!(
-        "stream filled with {} events in {:.1?}",
-        args.events,
-        started.elapsed()
-    );
+    for (stream, prefix, gaps) in [(STREAM, PREFIX, 0), (GAPS_STREAM, GAPS_PREFIX, args.gaps)] {
+        if stream == GAPS_STREAM && args.gaps == 0 {
+            continue;
+        }
+        let _ = js.delete_stream(stream).await;
+        let settings = StreamSettings {
+            name: stream.into(),
+            subject_prefix: prefix.into(),
+            ..StreamSettings::default()
+        };
+        relay::ensure_stream(&js, &settings, true).await?;
+        let started = Instant::now();
+        fill_stream(&js, prefix, args.events, gaps).await?;
+        eprintln!(
+            "stream {stream} filled with {} events and {gaps} gaps in {:.1?}",
+            args.events,
+            started.elapsed()
+        );
+    }
 
     let mut results = Vec::new();
     let wanted = |name: &str| args.projections.iter().any(|p| p == name);
@@ -83,6 +95,9 @@ async fn main() -> anyhow::Result<()> {
         results.push(measure(Search, &args, &url, &nats_url).await?);
     }
     js.delete_stream(STREAM).await?;
+    if args.gaps > 0 {
+        js.delete_stream(GAPS_STREAM).await?;
+    }
 
     if args.json {
         println!(
@@ -95,16 +110,23 @@ async fn main() -> anyhow::Result<()> {
             args.events, args.rounds
         );
         println!(
-            "{:<10} {:>16} {:>20} {:>8}",
-            "projection", "batched ev/s", "one tx per event/s", "ratio"
+            "{:<10} {:>16} {:>20} {:>8} {:>22} {:>12}",
+            "projection",
+            "batched ev/s",
+            "one tx per event/s",
+            "ratio",
+            format!("with {} gaps ev/s", args.gaps),
+            "gaps/batched"
         );
         for r in &results {
             println!(
-                "{:<10} {:>16.0} {:>20.0} {:>8.1}",
+                "{:<10} {:>16.0} {:>20.0} {:>8.1} {:>22.0} {:>12.2}",
                 r["projection"].as_str().unwrap_or_default(),
                 r["batched_events_per_s"].as_f64().unwrap_or_default(),
                 r["per_event_events_per_s"].as_f64().unwrap_or_default(),
-                r["ratio"].as_f64().unwrap_or_default()
+                r["ratio"].as_f64().unwrap_or_default(),
+                r["with_gaps_events_per_s"].as_f64().unwrap_or_default(),
+                r["with_gaps_over_batched"].as_f64().unwrap_or_default()
             );
         }
     }
@@ -120,11 +142,22 @@ async fn measure<P: Projection + Clone>(
 ) -> anyhow::Result<serde_json::Value> {
     let mut batched = Vec::new();
     let mut per_event = Vec::new();
+    let mut with_gaps = Vec::new();
+    let modes: &[(&str, &str, usize)] = if args.gaps > 0 {
+        &[
+            (STREAM, PREFIX, 0),
+            (STREAM, PREFIX, 1),
+            (GAPS_STREAM, GAPS_PREFIX, 0),
+        ]
+    } else {
+        &[(STREAM, PREFIX, 0), (STREAM, PREFIX, 1)]
+    };
     for round in 1..=args.rounds {
-        for batch_size in [args.batch_size, 1] {
+        for &(stream, prefix, one_per_tx) in modes {
+            let batch_size = if one_per_tx == 1 { 1 } else { args.batch_size };
             let config = RunnerConfig {
-                stream: STREAM.into(),
-                subject_prefix: PREFIX.into(),
+                stream: stream.into(),
+                subject_prefix: prefix.into(),
                 batch_size,
                 ..RunnerConfig::default()
             };
@@ -148,38 +181,61 @@ async fn measure<P: Projection + Clone>(
             };
             let rate = tally.applied as f64 / (last_applied - started).as_secs_f64().max(1e-6);
             eprintln!(
-                "round {round}: {} with batches of {batch_size}: {rate:.0} events/s ({} applied)",
+                "round {round}: {} from {stream} with batches of {batch_size}: {rate:.0} events/s ({} applied, {} held)",
                 P::NAME,
-                tally.applied
+                tally.applied,
+                tally.held
             );
             if batch_size == 1 {
                 per_event.push(rate);
-            } else {
+                continue;
+            }
+            anyhow::ensure!(
+                tally.applied as usize == args.events,
+                "applied {} of {}",
+                tally.applied,
+                args.events
+            );
+            if stream == GAPS_STREAM {
                 anyhow::ensure!(
-                    tally.applied as usize == args.events,
-                    "applied {} of {}",
-                    tally.applied,
-                    args.events
+                    tally.held as usize == args.gaps,
+                    "held {} of {} gaps",
+                    tally.held,
+                    args.gaps
                 );
+                with_gaps.push(rate);
+            } else {
                 batched.push(rate);
             }
         }
     }
     let ratios: Vec<f64> = batched.iter().zip(&per_event).map(|(b, p)| b / p).collect();
+    let gap_ratios: Vec<f64> = with_gaps.iter().zip(&batched).map(|(g, b)| g / b).collect();
     Ok(json!({
         "projection": P::NAME,
         "batched_events_per_s": median(batched.clone()),
         "per_event_events_per_s": median(per_event.clone()),
         "ratio": median(ratios),
-        "runs": {"batched": batched, "per_event": per_event},
+        "with_gaps_events_per_s": if with_gaps.is_empty() { 0.0 } else { median(with_gaps.clone()) },
+        "with_gaps_over_batched": if gap_ratios.is_empty() { 0.0 } else { median(gap_ratios) },
+        "runs": {"batched": batched, "per_event": per_event, "with_gaps": with_gaps},
     }))
 }
 
-/// Publishes `events` events: orders placed, paid, then shipped (two in three) or cancelled.
-async fn fill_stream(js: &jetstream::Context, events: usize) -> anyhow::Result<()> {
+/// Publishes `events` events under `prefix`: orders placed, paid, then shipped (two in three) or
+/// cancelled; and `gaps` orphan `order.paid` version 2 events spread evenly among them.
+async fn fill_stream(
+    js: &jetstream::Context,
+    prefix: &str,
+    events: usize,
+    gaps: usize,
+) -> anyhow::Result<()> {
     let mut acks = FuturesUnordered::new();
     let orders = events.div_ceil(3);
+    let gap_every = events.checked_div(gaps).map_or(usize::MAX, |n| n.max(1));
     let mut published = 0;
+    let mut gaps_published = 0;
+    let mut envelopes: Vec<EventEnvelope> = Vec::with_capacity(events + gaps);
     'orders: for i in 0..orders {
         let order = OrderId::from_uuid(Uuid::now_v7());
         let placed = domain::Order::new(order)
@@ -205,30 +261,51 @@ async fn fill_stream(js: &jetstream::Context, events: usize) -> anyhow::Result<(
                 tracking_number: domain::Note::parse("T")?,
             })
         };
-        for (version, event) in [placed, paid, last].iter().enumerate() {
+        for (version, event) in [placed, paid.clone(), last].iter().enumerate() {
             if published == events {
                 break 'orders;
             }
-            let meta = EventMeta {
-                event_id: Uuid::now_v7(),
-                occurred_at: chrono::Utc::now(),
-                correlation_id: None,
-                causation_id: None,
-            };
-            let envelope = EventEnvelope::wrap(event, order, version as i64 + 1, meta);
-            let mut headers = HeaderMap::new();
-            headers.insert("Nats-Msg-Id", envelope.event_id.to_string().as_str());
-            let subject = domain::wire::subject(PREFIX, &envelope).map_err(anyhow::Error::msg)?;
-            acks.push(
-                js.publish_with_headers(subject, headers, envelope.to_json().into())
-                    .await?
-                    .into_future(),
-            );
+            envelopes.push(EventEnvelope::wrap(
+                event,
+                order,
+                version as i64 + 1,
+                meta(),
+            ));
             published += 1;
-            while acks.len() > 2000 {
-                if let Some(ack) = acks.next().await {
-                    ack?;
-                }
+            if published % gap_every == 0 && gaps_published < gaps {
+                let orphan = OrderId::from_uuid(Uuid::now_v7());
+                envelopes.push(EventEnvelope::wrap(&paid, orphan, 2, meta()));
+                gaps_published += 1;
+            }
+        }
+    }
+    while gaps_published < gaps {
+        let paid = OrderEvent::Paid(domain::OrderPaid {
+            amount_cents: domain::Cents::new(100)?,
+            payment_ref: None,
+        });
+        envelopes.push(EventEnvelope::wrap(
+            &paid,
+            OrderId::from_uuid(Uuid::now_v7()),
+            2,
+            meta(),
+        ));
+        gaps_published += 1;
+    }
+    for envelope in envelopes {
+        let subject = domain::wire::subject(prefix, &envelope).map_err(anyhow::Error::msg)?;
+        acks.push(
+            js.publish_with_headers(
+                subject,
+                projections::decode::relay_headers(&envelope),
+                envelope.to_json().into(),
+            )
+            .await?
+            .into_future(),
+        );
+        while acks.len() > 2000 {
+            if let Some(ack) = acks.next().await {
+                ack?;
             }
         }
     }
@@ -236,4 +313,13 @@ async fn fill_stream(js: &jetstream::Context, events: usize) -> anyhow::Result<(
         ack?;
     }
     Ok(())
+}
+
+fn meta() -> EventMeta {
+    EventMeta {
+        event_id: Uuid::now_v7(),
+        occurred_at: chrono::Utc::now(),
+        correlation_id: None,
+        causation_id: None,
+    }
 }

@@ -1,5 +1,5 @@
-//! The command line every projection binary shares: `run`, `rebuild`, `redrive`, `parked list`, plus
-//! connection flags. Each binary adds its own read command (`show`, `query`).
+//! The command line every projection binary shares: `run`, `rebuild`, `redrive`, `parked list|discard`,
+//! `held list|release`, plus connection flags. Each binary adds its own read command (`show`, `query`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,10 +10,12 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::json;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
+use uuid::Uuid;
 
 use crate::projection::Projection;
 use crate::runner::{FailPoint, Runner, RunnerConfig, Tally};
+use crate::{held, park};
 
 /// The command line of a projection binary: connection flags, the commands every projection has, and
 /// the binary's own read commands `R`.
@@ -117,15 +119,23 @@ pub struct Connection {
 /// The commands every projection has.
 #[derive(Debug, Subcommand)]
 pub enum Common {
-    /// Consume until SIGTERM/Ctrl-C (or, with --once, until nothing is pending).
+    /// Consume until SIGTERM/Ctrl-C (or, with --once, until nothing more can be applied).
     Run(RunArgs),
-    /// Wipe the projection's state and replay the stream from its start, with a progress bar.
-    Rebuild,
-    /// Re-apply parked messages (after an upgrade taught the code their shape).
+    /// Build the state anew from the start of the stream beside the live one, then swap it in.
+    Rebuild {
+        /// Testing only: fail after building, before the swap.
+        #[arg(long, hide = true)]
+        fail_before_swap: bool,
+    },
+    /// Re-apply parked messages (after an upgrade taught the code their shape); reports why each one
+    /// that is still parked failed again.
     Redrive,
-    /// Poison messages kept with their raw bytes, headers and reason.
+    /// Poison messages kept with their reason, headers and (the first 64 KiB of) their body.
     #[command(subcommand)]
     Parked(ParkedCommand),
+    /// Events waiting in the held table for a predecessor.
+    #[command(subcommand)]
+    Held(HeldCommand),
 }
 
 /// `parked …`.
@@ -136,20 +146,94 @@ pub enum ParkedCommand {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: i64,
-        /// Include messages already redriven.
+        /// Only ids below this one (the last id of the previous listing).
+        #[arg(long)]
+        before: Option<i64>,
+        /// Include messages already redriven or discarded.
         #[arg(long)]
         all: bool,
     },
+    /// Give up on a parked message on purpose (it will not be redriven); recorded with who and why.
+    Discard {
+        /// The parked message's id.
+        id: i64,
+        /// Why (kept in the operator log).
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        operator: Operator,
+    },
+}
+
+/// `held …`.
+#[derive(Debug, Subcommand)]
+pub enum HeldCommand {
+    /// List held events by order and version, with what each waits for.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        /// Continue after this `ORDER_ID:VERSION` (the last one of the previous listing).
+        #[arg(long, value_parser = parse_position)]
+        after: Option<(Uuid, i64)>,
+    },
+    /// Skip an order's missing versions deliberately and apply the events held behind them; recorded
+    /// with who and why.
+    Release {
+        /// The order.
+        aggregate: Uuid,
+        /// Why (kept in the operator log).
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        operator: Operator,
+    },
+}
+
+/// Who acts, for the operator log.
+#[derive(Debug, Args)]
+pub struct Operator {
+    /// Who is acting (default: $USER).
+    #[arg(long = "by", env = "WAYBILL_OPERATOR")]
+    pub by: Option<String>,
+}
+
+impl Operator {
+    fn name(&self) -> anyhow::Result<String> {
+        self.by
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .filter(|name| !name.trim().is_empty())
+            .ok_or_else(|| {
+                ops::Refused("say who is acting with --by (or WAYBILL_OPERATOR, or USER)".into())
+                    .into()
+            })
+    }
+}
+
+fn parse_position(text: &str) -> Result<(Uuid, i64), String> {
+    let (id, version) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?} is not ORDER_ID:VERSION"))?;
+    let id = Uuid::parse_str(id).map_err(|e| format!("order id {id:?}: {e}"))?;
+    let version = version
+        .parse()
+        .map_err(|e| format!("version {version:?}: {e}"))?;
+    Ok((id, version))
 }
 
 /// `run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Consume until nothing is pending, print a summary and exit 0.
+    /// Consume until nothing more can be applied, print what is held and parked, and exit 0.
     #[arg(long)]
     pub once: bool,
 
-    /// Serve Prometheus metrics at /metrics, a health check at /health (and the read API) here.
+    /// Serve the read API here (its own address: exposing metrics must not expose customer data).
+    #[arg(long, env = "WAYBILL_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Serve Prometheus metrics at /metrics and a health check at /health here.
     #[arg(long, env = "WAYBILL_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
 
@@ -171,7 +255,7 @@ impl Connection {
     }
 }
 
-/// Runs a shared command for projection `P`. `read_routes` are served next to the metrics by `run`.
+/// Runs a shared command for projection `P`. `read_routes` are served by `run --listen`.
 pub async fn run_common<P: Projection>(
     projection: P,
     connection: &Connection,
@@ -180,10 +264,14 @@ pub async fn run_common<P: Projection>(
     read_routes: impl FnOnce(PgPool) -> axum::Router,
 ) -> anyhow::Result<()> {
     let mut config = connection.runner_config();
-    if let Common::Run(args) = &command
-        && args.crash_after_commit
-    {
-        config.fail_point = FailPoint::AbortAfterCommit;
+    match &command {
+        Common::Run(args) if args.crash_after_commit => {
+            config.fail_point = FailPoint::AbortAfterCommit;
+        }
+        Common::Rebuild {
+            fail_before_swap: true,
+        } => config.fail_point = FailPoint::FailBeforeSwap,
+        _ => {}
     }
     let runner = Arc::new(
         Runner::connect(
@@ -194,12 +282,25 @@ pub async fn run_common<P: Projection>(
         )
         .await?,
     );
+    if !matches!(command, Common::Rebuild { .. }) {
+        crate::schema::check_layout(runner.pool(), P::NAME).await?;
+    }
     match command {
         Common::Run(args) => {
-            if let Some(listen) = args.metrics_listen {
-                serve_telemetry(&runner, listen, read_routes(runner.pool().clone())).await?;
+            if let Some(listen) = args.listen {
+                let bound = ops::serve(
+                    listen,
+                    read_routes(runner.pool().clone()),
+                    ops::shutdown_signal(),
+                )
+                .await
+                .with_context(|| format!("serving the read API on {listen}"))?;
+                tracing::info!(%bound, projection = P::NAME, "read API at http://{bound}");
             }
-            let lag = tokio::spawn(refresh_lag(runner.clone()));
+            if let Some(listen) = args.metrics_listen {
+                serve_telemetry(&runner, listen).await?;
+            }
+            let lag = tokio::spawn(refresh_gauges(runner.clone()));
             tracing::info!(
                 projection = P::NAME,
                 once = args.once,
@@ -212,9 +313,9 @@ pub async fn run_common<P: Projection>(
                 })
                 .await?;
             lag.abort();
-            print_tally(P::NAME, "consumed", &tally, json_output);
+            print_summary(&runner, "consumed", &tally, json_output).await?;
         }
-        Common::Rebuild => {
+        Common::Rebuild { .. } => {
             let total = runner.stream_messages().await.unwrap_or(0);
             let bar =
                 indicatif::ProgressBar::new(total).with_message(format!("rebuilding {}", P::NAME));
@@ -234,32 +335,94 @@ pub async fn run_common<P: Projection>(
                 })
                 .await?;
             bar.finish_and_clear();
-            print_tally(P::NAME, "rebuilt from", &tally, json_output);
+            print_summary(&runner, "rebuilt from", &tally, json_output).await?;
         }
         Common::Redrive => {
-            let (resolved, remaining) = runner.redrive().await?;
+            let report = runner.redrive().await?;
             if json_output {
-                println!(
-                    "{}",
-                    json!({"resolved": resolved, "still_parked": remaining})
-                );
+                println!("{}", json!({"projection": P::NAME, "redriven": report}));
+            } else if report.is_empty() {
+                println!("nothing parked to redrive");
             } else {
-                println!("redrove {resolved} parked message(s); {remaining} still parked");
+                for r in report {
+                    println!(
+                        "{:>6}  {:<10} {}",
+                        r.id,
+                        format!("{:?}", r.outcome).to_lowercase(),
+                        r.reason.unwrap_or_default()
+                    );
+                }
             }
         }
-        Common::Parked(ParkedCommand::List { limit, all }) => {
-            let parked = list_parked(runner.pool(), limit, all).await?;
+        Common::Parked(ParkedCommand::List { limit, before, all }) => {
+            let parked = park::list(runner.pool(), limit, before, all).await?;
             if json_output {
-                println!("{}", serde_json::Value::Array(parked));
+                println!("{}", serde_json::to_string(&parked)?);
             } else if parked.is_empty() {
                 println!("nothing parked");
             } else {
                 for p in parked {
                     println!(
-                        "{:>6}  seq {}  {}  {}",
-                        p["id"], p["stream_sequence"], p["subject"], p["reason"]
+                        "{:>6}  seq {:<8} {}  {}",
+                        p.id,
+                        p.stream_sequence.map_or("-".into(), |s| s.to_string()),
+                        p.subject,
+                        p.reason
                     );
                 }
+            }
+        }
+        Common::Parked(ParkedCommand::Discard {
+            id,
+            reason,
+            operator,
+        }) => {
+            let done = runner.discard(id, &operator.name()?, &reason).await?;
+            if json_output {
+                println!("{done}");
+            } else {
+                println!(
+                    "parked message {id} discarded ({} event(s) of its order still held)",
+                    done["held_behind"]
+                );
+            }
+        }
+        Common::Held(HeldCommand::List { limit, after }) => {
+            let held = held::list(runner.pool(), limit, after).await?;
+            if json_output {
+                println!("{}", serde_json::to_string(&held)?);
+            } else if held.is_empty() {
+                println!("nothing held");
+            } else {
+                for h in held {
+                    println!(
+                        "{}:{}  since {}  {}",
+                        h.aggregate_id,
+                        h.version,
+                        h.since.format("%F %T"),
+                        h.reason
+                    );
+                }
+            }
+        }
+        Common::Held(HeldCommand::Release {
+            aggregate,
+            reason,
+            operator,
+        }) => {
+            let done = runner
+                .release(aggregate, &operator.name()?, &reason)
+                .await?;
+            if json_output {
+                println!("{done}");
+            } else {
+                println!(
+                    "order {aggregate}: skipped versions {}..={}, applied through version {}, {} still held",
+                    done["skipped_from"],
+                    done["skipped_to"],
+                    done["applied_through"],
+                    done["still_held"]
+                );
             }
         }
     }
@@ -269,7 +432,6 @@ pub async fn run_common<P: Projection>(
 async fn serve_telemetry<P: Projection>(
     runner: &Arc<Runner<P>>,
     listen: SocketAddr,
-    read: axum::Router,
 ) -> anyhow::Result<()> {
     let metrics = ops::install_metrics_recorder()?;
     crate::metrics::describe();
@@ -286,65 +448,81 @@ async fn serve_telemetry<P: Projection>(
             )
         })
     });
-    let router = ops::telemetry_routes(metrics, health).merge(read);
-    let bound = ops::serve(listen, router, ops::shutdown_signal()).await?;
+    let router = ops::telemetry_routes(metrics, health);
+    let bound = ops::serve(listen, router, ops::shutdown_signal())
+        .await
+        .with_context(|| format!("serving metrics on {listen}"))?;
     tracing::info!(%bound, projection = P::NAME, "metrics at http://{bound}/metrics");
     Ok(())
 }
 
-async fn refresh_lag<P: Projection>(runner: Arc<Runner<P>>) {
+/// Refreshes the lag, held and parked gauges every 5 s.
+async fn refresh_gauges<P: Projection>(runner: Arc<Runner<P>>) {
     loop {
         if let Ok((pending, ack_pending)) = runner.lag().await {
             crate::metrics::record_lag(P::NAME, pending, ack_pending);
+        }
+        if let (Ok(held), Ok(parked)) = (
+            held::stats(runner.pool()).await,
+            park::open_count(runner.pool()).await,
+        ) {
+            crate::metrics::record_backlog(P::NAME, &held, parked);
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
 }
 
-async fn list_parked(
-    pool: &PgPool,
-    limit: i64,
-    all: bool,
-) -> anyhow::Result<Vec<serde_json::Value>> {
-    let rows = sqlx::query(
-        "SELECT id, stream_sequence, subject, headers, reason, event_id, aggregate_id, aggregate_version,
-                parked_at, redriven_at, redrive_note, encode(body, 'escape') AS body
-         FROM parked WHERE $2 OR redriven_at IS NULL ORDER BY id DESC LIMIT $1",
-    )
-    .bind(limit)
-    .bind(all)
-    .fetch_all(pool)
-    .await
-    .context("listing parked messages")?;
-    rows.iter()
-        .map(|r| {
-            Ok(json!({
-                "id": r.try_get::<i64, _>("id")?,
-                "stream_sequence": r.try_get::<Option<i64>, _>("stream_sequence")?,
-                "subject": r.try_get::<String, _>("subject")?,
-                "headers": r.try_get::<serde_json::Value, _>("headers")?,
-                "reason": r.try_get::<String, _>("reason")?,
-                "event_id": r.try_get::<Option<uuid::Uuid>, _>("event_id")?,
-                "aggregate_id": r.try_get::<Option<uuid::Uuid>, _>("aggregate_id")?,
-                "aggregate_version": r.try_get::<Option<i64>, _>("aggregate_version")?,
-                "parked_at": r.try_get::<chrono::DateTime<chrono::Utc>, _>("parked_at")?,
-                "redriven_at": r.try_get::<Option<chrono::DateTime<chrono::Utc>>, _>("redriven_at")?,
-                "redrive_note": r.try_get::<Option<String>, _>("redrive_note")?,
-                "body": r.try_get::<String, _>("body")?,
-            }))
-        })
-        .collect()
-}
-
-fn print_tally(projection: &str, verb: &str, tally: &Tally, json_output: bool) {
+/// What a run or rebuild did, and what it leaves held and parked (the first 20 of each).
+async fn print_summary<P: Projection>(
+    runner: &Runner<P>,
+    verb: &str,
+    tally: &Tally,
+    json_output: bool,
+) -> anyhow::Result<()> {
+    let stats = held::stats(runner.pool()).await?;
+    let held = held::list(runner.pool(), 20, None).await?;
+    let parked_open = park::open_count(runner.pool()).await?;
+    let parked = park::list(runner.pool(), 20, None, false).await?;
     if json_output {
-        println!("{}", json!({"projection": projection, "tally": tally}));
+        let parked: Vec<_> = parked
+            .iter()
+            .map(|p| {
+                json!({"id": p.id, "event_id": p.event_id, "aggregate_id": p.aggregate_id,
+                            "aggregate_version": p.aggregate_version, "reason": p.reason})
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "projection": P::NAME,
+                "tally": tally,
+                "held": {"count": stats.count, "aggregates": stats.aggregates,
+                         "oldest_seconds": stats.oldest_seconds, "first": held},
+                "parked": {"count": parked_open, "first": parked},
+            })
+        );
     } else {
         println!(
-            "{projection}: {verb} {} messages: applied={} duplicates={} gaps={} parked={}",
-            tally.messages, tally.applied, tally.duplicates, tally.gaps, tally.parked
+            "{}: {verb} {} messages: applied={} duplicates={} held={} parked={}",
+            P::NAME,
+            tally.messages,
+            tally.applied,
+            tally.duplicates,
+            tally.held,
+            tally.parked
         );
+        println!(
+            "held now: {} event(s) of {} order(s); parked now: {parked_open}",
+            stats.count, stats.aggregates
+        );
+        for h in &held {
+            println!("  held   {}:{}  {}", h.aggregate_id, h.version, h.reason);
+        }
+        for p in &parked {
+            println!("  parked {:>6}  {}", p.id, p.reason);
+        }
     }
+    Ok(())
 }
 
 /// An info line every 10 s while messages flow.
@@ -373,7 +551,7 @@ impl Progress {
             projection = self.projection,
             applied = tally.applied,
             duplicates = tally.duplicates,
-            gaps = tally.gaps,
+            held = tally.held,
             parked = tally.parked,
             rate_per_s = rate.round(),
             "consuming"

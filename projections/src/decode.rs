@@ -1,9 +1,15 @@
-//! From a JetStream message to a decoded event, or to the reason it is poison.
+//! From a JetStream message to a decoded event that can be trusted to be consistent, or to the reason
+//! it is poison. Everything here is pure: no database, no broker.
+//!
+//! Trust means consistency, not authenticity: whoever may publish on the stream is decided by NATS
+//! permissions. What is checked here is that the message agrees with itself (headers, subject and
+//! body name the same event) and with the domain's own bounds, so a malformed or half-forged message
+//! is parked with its reason instead of being applied.
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use chrono::{DateTime, Utc};
-use domain::{EventEnvelope, OrderEvent, OrderId, Upcasters};
+use chrono::{DateTime, NaiveDate, Utc};
+use domain::{EventEnvelope, OrderEvent, OrderId, Upcasters, wire};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -16,13 +22,13 @@ pub struct Decoded {
     pub order_id: OrderId,
     /// Its position in the order's stream.
     pub aggregate_version: i64,
-    /// When it happened.
+    /// When it happened (within PostgreSQL's `timestamptz` range: checked at decode).
     pub occurred_at: DateTime<Utc>,
     /// What happened, in the current shape.
     pub event: OrderEvent,
 }
 
-/// A message that cannot be applied by this code: kept whole, with why.
+/// A message that cannot be applied by this code, with why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Poison {
     /// Why it cannot be applied.
@@ -33,6 +39,26 @@ pub struct Poison {
     pub aggregate_id: Option<Uuid>,
     /// The version, if known.
     pub aggregate_version: Option<i64>,
+}
+
+impl Poison {
+    fn garbage(reason: String) -> Self {
+        Self {
+            reason,
+            event_id: None,
+            aggregate_id: None,
+            aggregate_version: None,
+        }
+    }
+
+    fn of(envelope: &EventEnvelope, reason: String) -> Self {
+        Self {
+            reason,
+            event_id: Some(envelope.event_id),
+            aggregate_id: Some(envelope.aggregate_id),
+            aggregate_version: Some(envelope.aggregate_version),
+        }
+    }
 }
 
 /// A raw message as received, detached from the broker.
@@ -49,23 +75,23 @@ pub struct RawMessage {
 }
 
 impl RawMessage {
-    /// The headers as a JSON object (multi-valued headers become arrays), for the parked table. NUL
-    /// characters are dropped: PostgreSQL's JSON cannot hold them.
+    /// The headers as a JSON object (multi-valued headers become arrays). Serialized with
+    /// `serde_json`, any character survives, NUL included (as `\u0000`): the parked table keeps these
+    /// bytes in a `bytea` column, because PostgreSQL's JSON types refuse `\u0000`.
     pub fn headers_json(&self) -> Value {
-        let clean = |s: &str| s.replace('\0', "");
         let mut object = Map::new();
         if let Some(headers) = &self.headers {
             for (name, values) in headers.iter() {
                 let values: Vec<Value> = values
                     .iter()
-                    .map(|v| Value::String(clean(v.as_str())))
+                    .map(|v| Value::String(v.as_str().to_owned()))
                     .collect();
                 let value = if values.len() == 1 {
                     values[0].clone()
                 } else {
                     Value::Array(values)
                 };
-                object.insert(clean(name.as_ref()), value);
+                object.insert(name.to_string(), value);
             }
         }
         Value::Object(object)
@@ -75,7 +101,10 @@ impl RawMessage {
     pub fn headers_from_json(value: &Value) -> Option<HeaderMap> {
         let object = value.as_object()?;
         let mut headers = HeaderMap::new();
-        for (name, value) in object {
+        // async-nats panics on a name it cannot send; a stored row edited by hand must not crash.
+        let sendable =
+            |name: &str| !name.is_empty() && name.chars().all(|c| c.is_ascii_graphic() && c != ':');
+        for (name, value) in object.iter().filter(|(name, _)| sendable(name)) {
             match value {
                 Value::String(s) => headers.append(name.as_str(), s.as_str()),
                 Value::Array(items) => {
@@ -88,40 +117,169 @@ impl RawMessage {
         }
         Some(headers)
     }
+
+    /// The single value of header `name`: `Err` when it is missing or repeated.
+    fn header(&self, name: &str) -> Result<&str, String> {
+        let values: Vec<&str> = match &self.headers {
+            Some(headers) => headers.get_all(name).map(|v| v.as_str()).collect(),
+            None => Vec::new(),
+        };
+        match values[..] {
+            [value] => Ok(value),
+            [] => Err(format!("header {name} is missing")),
+            _ => Err(format!("header {name} appears {} times", values.len())),
+        }
+    }
 }
 
-/// Decodes a message body: parse the envelope, upcast, decode. Never panics.
+/// Decodes a message received from the stream: the body (see [`decode`]), then the trust checks that
+/// tie the message's headers and subject to its body.
+pub fn decode_message(message: &RawMessage, upcasters: &Upcasters) -> Result<Decoded, Poison> {
+    let (envelope, decoded) = decode_envelope(&message.body, upcasters)?;
+    check_routing(message, &envelope).map_err(|reason| Poison::of(&envelope, reason))?;
+    Ok(decoded)
+}
+
+/// Decodes a message body: parse the envelope, upcast, decode, check the domain's bounds. Never panics.
 pub fn decode(body: &[u8], upcasters: &Upcasters) -> Result<Decoded, Poison> {
-    let envelope = EventEnvelope::from_json(body).map_err(|e| Poison {
-        reason: format!("undecodable body: {e}"),
-        event_id: None,
-        aggregate_id: None,
-        aggregate_version: None,
-    })?;
-    let event = envelope.decode(upcasters).map_err(|e| Poison {
-        reason: e.to_string(),
-        event_id: Some(envelope.event_id),
-        aggregate_id: Some(envelope.aggregate_id),
-        aggregate_version: Some(envelope.aggregate_version),
-    })?;
+    decode_envelope(body, upcasters).map(|(_, decoded)| decoded)
+}
+
+fn decode_envelope(body: &[u8], upcasters: &Upcasters) -> Result<(EventEnvelope, Decoded), Poison> {
+    let envelope = EventEnvelope::from_json(body)
+        .map_err(|e| Poison::garbage(format!("undecodable body: {e}")))?;
+    let event = envelope
+        .decode(upcasters)
+        .map_err(|e| Poison::of(&envelope, e.to_string()))?;
     if envelope.aggregate_version < 1 {
-        return Err(Poison {
-            reason: format!(
+        return Err(Poison::of(
+            &envelope,
+            format!(
                 "aggregate version {} is not positive",
                 envelope.aggregate_version
             ),
-            event_id: Some(envelope.event_id),
-            aggregate_id: Some(envelope.aggregate_id),
-            aggregate_version: Some(envelope.aggregate_version),
-        });
+        ));
     }
-    Ok(Decoded {
+    check_time(envelope.occurred_at).map_err(|reason| Poison::of(&envelope, reason))?;
+    check_bounds(&event, envelope.aggregate_version)
+        .map_err(|reason| Poison::of(&envelope, reason))?;
+    let decoded = Decoded {
         event_id: envelope.event_id,
         order_id: OrderId::from_uuid(envelope.aggregate_id),
         aggregate_version: envelope.aggregate_version,
         occurred_at: envelope.occurred_at,
         event,
-    })
+    };
+    Ok((envelope, decoded))
+}
+
+/// PostgreSQL's `timestamptz` holds 4714-11-24 BC .. 294276-12-31 AD; chrono holds years -262143 ..
+/// 262142. A time before PostgreSQL's first day would fail the whole batch's transaction, so it is
+/// poison here; chrono cannot even represent a time after PostgreSQL's last day.
+fn check_time(at: DateTime<Utc>) -> Result<(), String> {
+    let first =
+        NaiveDate::from_ymd_opt(-4713, 11, 24).expect("4714-11-24 BC is a valid proleptic date");
+    if at.date_naive() < first {
+        return Err(format!(
+            "occurred_at {} is outside the range PostgreSQL can store (4714-11-24 BC to 294276-12-31 AD)",
+            at.to_rfc3339()
+        ));
+    }
+    Ok(())
+}
+
+/// The domain's own bounds, which a decoded payload does not enforce by its types alone.
+fn check_bounds(event: &OrderEvent, version: i64) -> Result<(), String> {
+    let is_placed = matches!(event, OrderEvent::Placed(_));
+    if is_placed != (version == 1) {
+        return Err(format!(
+            "{} at aggregate version {version}: an order's first event, and only its first, is order.placed",
+            event.event_type()
+        ));
+    }
+    if let OrderEvent::Placed(placed) = event {
+        if !(0..=domain::Cents::MAX).contains(&placed.total_cents) {
+            return Err(format!(
+                "total_cents {} is outside 0..=10^12",
+                placed.total_cents
+            ));
+        }
+        // Orders upcast from the legacy v1 shape have no lines: their total is all there is.
+        if !placed.lines.is_empty() {
+            let sum = placed
+                .lines
+                .iter()
+                .try_fold(0i64, |sum, line| sum.checked_add(line.subtotal_cents()?));
+            if sum != Some(placed.total_cents) {
+                return Err(format!(
+                    "total_cents {} is not the sum of the lines ({})",
+                    placed.total_cents,
+                    sum.map_or_else(|| "overflows".to_owned(), |s| s.to_string())
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The message must name the event its body holds: `Nats-Msg-Id` is the event id (else JetStream's
+/// dedupe protects another event), the subject's last token is the aggregate id (consumers may filter
+/// by subject), and the `Waybill-*` headers repeat the body's type, version and aggregate. The subject
+/// is compared by its last token only, whatever tokens precede it.
+fn check_routing(message: &RawMessage, envelope: &EventEnvelope) -> Result<(), String> {
+    let msg_id = message.header(wire::MSG_ID)?;
+    if msg_id != envelope.event_id.to_string() {
+        return Err(format!(
+            "header {} {msg_id:?} is not the event id {}",
+            wire::MSG_ID,
+            envelope.event_id
+        ));
+    }
+    let last_token = message.subject.rsplit('.').next().unwrap_or_default();
+    if Uuid::parse_str(last_token).ok() != Some(envelope.aggregate_id) {
+        return Err(format!(
+            "subject {:?} names aggregate {last_token:?}, the body {}",
+            message.subject, envelope.aggregate_id
+        ));
+    }
+    let expected = [
+        (wire::EVENT_TYPE, envelope.event_type.clone()),
+        (wire::EVENT_VERSION, envelope.event_version.to_string()),
+        (wire::AGGREGATE_ID, envelope.aggregate_id.to_string()),
+        (
+            wire::AGGREGATE_VERSION,
+            envelope.aggregate_version.to_string(),
+        ),
+    ];
+    for (name, body_value) in expected {
+        let header = message.header(name)?;
+        if header != body_value {
+            return Err(format!(
+                "header {name} {header:?} disagrees with the body's {body_value:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The headers the relay sets for `envelope` (tests and benchmarks publish like the relay).
+pub fn relay_headers(envelope: &EventEnvelope) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(wire::MSG_ID, envelope.event_id.to_string().as_str());
+    headers.insert(wire::EVENT_TYPE, envelope.event_type.as_str());
+    headers.insert(
+        wire::EVENT_VERSION,
+        envelope.event_version.to_string().as_str(),
+    );
+    headers.insert(
+        wire::AGGREGATE_ID,
+        envelope.aggregate_id.to_string().as_str(),
+    );
+    headers.insert(
+        wire::AGGREGATE_VERSION,
+        envelope.aggregate_version.to_string().as_str(),
+    );
+    headers
 }
 
 #[cfg(test)]
@@ -129,14 +287,32 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn envelope(event_type: &str, version: i32, payload: Value) -> Vec<u8> {
-        serde_json::to_vec(&json!({
+    fn envelope_json(event_type: &str, version: i32, payload: Value) -> Value {
+        json!({
             "event_id": Uuid::nil(), "event_type": event_type, "event_version": version,
             "aggregate_type": "order", "aggregate_id": Uuid::from_u128(1), "aggregate_version": 1,
             "occurred_at": "2026-11-30T10:00:00Z", "correlation_id": null, "causation_id": null,
             "payload": payload,
-        }))
-        .expect("json")
+        })
+    }
+
+    fn envelope(event_type: &str, version: i32, payload: Value) -> Vec<u8> {
+        serde_json::to_vec(&envelope_json(event_type, version, payload)).expect("json")
+    }
+
+    fn placed_payload(total: i64) -> Value {
+        json!({"customer_id": "alice", "currency": "EUR", "total_cents": total,
+               "lines": [{"sku": "MUG", "quantity": 2, "unit_price_cents": 1250}]})
+    }
+
+    fn message(body: &[u8]) -> RawMessage {
+        let envelope = EventEnvelope::from_json(body).expect("envelope");
+        RawMessage {
+            stream_sequence: 1,
+            subject: format!("p.order.{}", envelope.aggregate_id),
+            headers: Some(relay_headers(&envelope)),
+            body: Bytes::copy_from_slice(body),
+        }
     }
 
     #[test]
@@ -184,9 +360,190 @@ mod tests {
     }
 
     #[test]
-    fn headers_survive_the_round_trip_through_json() {
+    fn times_postgresql_cannot_store_are_poison() {
+        for (at, storable) in [
+            ("-5000-01-01T00:00:00Z", false),
+            ("-4713-11-23T23:59:59Z", false),
+            ("-4713-11-24T00:00:00Z", true),
+            ("9999-12-31T23:59:59Z", true),
+        ] {
+            let mut value = envelope_json("order.placed", 2, placed_payload(2500));
+            value["occurred_at"] = json!(at);
+            let result = decode(
+                &serde_json::to_vec(&value).expect("json"),
+                &Upcasters::orders(),
+            );
+            assert_eq!(result.is_ok(), storable, "{at}: {result:?}");
+            if let Err(poison) = result {
+                assert!(
+                    poison.reason.contains("outside the range"),
+                    "{}",
+                    poison.reason
+                );
+                assert_eq!(poison.aggregate_id, Some(Uuid::from_u128(1)));
+            }
+        }
+    }
+
+    #[test]
+    fn totals_outside_the_domain_bounds_are_poison() {
+        let upcasters = Upcasters::orders();
+        let good = decode(
+            &envelope("order.placed", 2, placed_payload(2500)),
+            &upcasters,
+        );
+        assert!(good.is_ok(), "{good:?}");
+        let negative = decode(&envelope("order.placed", 2, placed_payload(-1)), &upcasters)
+            .expect_err("negative");
+        assert!(negative.reason.contains("outside"), "{}", negative.reason);
+        let wrong_sum = decode(
+            &envelope("order.placed", 2, placed_payload(2501)),
+            &upcasters,
+        )
+        .expect_err("sum");
+        assert!(
+            wrong_sum.reason.contains("not the sum"),
+            "{}",
+            wrong_sum.reason
+        );
+        let legacy_negative = decode(
+            &envelope(
+                "order.placed",
+                1,
+                json!({"order_no": "A-1", "amount_cents": -5}),
+            ),
+            &upcasters,
+        );
+        assert!(legacy_negative.is_err(), "{legacy_negative:?}");
+    }
+
+    #[test]
+    fn only_the_first_version_may_be_placed() {
+        let mut value = envelope_json(
+            "order.paid",
+            1,
+            json!({"amount_cents": 5, "payment_ref": null}),
+        );
+        let paid_first = decode(
+            &serde_json::to_vec(&value).expect("json"),
+            &Upcasters::orders(),
+        )
+        .expect_err("paid at version 1");
+        assert!(
+            paid_first.reason.contains("first event"),
+            "{}",
+            paid_first.reason
+        );
+        value = envelope_json("order.placed", 2, placed_payload(2500));
+        value["aggregate_version"] = json!(3);
+        assert!(
+            decode(
+                &serde_json::to_vec(&value).expect("json"),
+                &Upcasters::orders()
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn a_message_that_agrees_with_its_body_is_trusted() {
+        let body = envelope("order.placed", 2, placed_payload(2500));
+        assert!(decode_message(&message(&body), &Upcasters::orders()).is_ok());
+    }
+
+    #[test]
+    fn a_chaos_header_is_trusted_neither_way() {
+        let body = envelope("order.placed", 2, placed_payload(2500));
+        let mut m = message(&body);
+        if let Some(h) = m.headers.as_mut() {
+            h.insert("Waybill-Chaos", "hostile");
+        }
+        assert!(
+            decode_message(&m, &Upcasters::orders()).is_ok(),
+            "consistent: applied"
+        );
+        m.subject = "p.order.placed".into();
+        assert!(
+            decode_message(&m, &Upcasters::orders()).is_err(),
+            "inconsistent: parked"
+        );
+    }
+
+    #[test]
+    fn a_message_that_disagrees_with_its_body_is_poison() {
+        let body = envelope("order.placed", 2, placed_payload(2500));
+        let upcasters = Upcasters::orders();
+        let other = Uuid::from_u128(2).to_string();
+        type Tamper<'a> = Box<dyn Fn(&mut RawMessage) + 'a>;
+        let cases: Vec<(&str, Tamper)> = vec![
+            (
+                "is not the event id",
+                Box::new(|m| {
+                    if let Some(h) = m.headers.as_mut() {
+                        h.insert(wire::MSG_ID, "forged");
+                    }
+                }),
+            ),
+            (
+                "names aggregate",
+                Box::new(|m| m.subject = format!("p.order.{other}")),
+            ),
+            (
+                "names aggregate",
+                Box::new(|m| m.subject = "p.order.placed".into()),
+            ),
+            (
+                "header Waybill-Event-Type",
+                Box::new(|m| {
+                    if let Some(h) = m.headers.as_mut() {
+                        h.insert(wire::EVENT_TYPE, "order.paid");
+                    }
+                }),
+            ),
+            (
+                "header Waybill-Event-Version",
+                Box::new(|m| {
+                    if let Some(h) = m.headers.as_mut() {
+                        h.insert(wire::EVENT_VERSION, "1");
+                    }
+                }),
+            ),
+            (
+                "header Waybill-Aggregate-Version",
+                Box::new(|m| {
+                    if let Some(h) = m.headers.as_mut() {
+                        h.insert(wire::AGGREGATE_VERSION, "7");
+                    }
+                }),
+            ),
+            (
+                "appears 2 times",
+                Box::new(|m| {
+                    if let Some(h) = m.headers.as_mut() {
+                        h.append(wire::MSG_ID, "second");
+                    }
+                }),
+            ),
+            ("is missing", Box::new(|m| m.headers = None)),
+        ];
+        for (expected, tamper) in cases {
+            let mut m = message(&body);
+            tamper(&mut m);
+            let poison = decode_message(&m, &upcasters).expect_err(expected);
+            assert!(
+                poison.reason.contains(expected),
+                "{expected}: {}",
+                poison.reason
+            );
+            assert_eq!(poison.aggregate_id, Some(Uuid::from_u128(1)));
+        }
+    }
+
+    #[test]
+    fn headers_survive_the_round_trip_through_json_nul_included() {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", "abc");
+        headers.insert("X-Nul", "a\u{0}b");
         headers.append("X-Multi", "1");
         headers.append("X-Multi", "2");
         let raw = RawMessage {
@@ -198,7 +555,9 @@ mod tests {
         let json = raw.headers_json();
         assert_eq!(json["Nats-Msg-Id"], "abc");
         assert_eq!(json["X-Multi"], json!(["1", "2"]));
-        let back = RawMessage::headers_from_json(&json).expect("object");
-        assert_eq!(back.get("Nats-Msg-Id").map(|v| v.as_str()), Some("abc"));
+        let bytes = serde_json::to_vec(&json).expect("serializes");
+        let back: Value = serde_json::from_slice(&bytes).expect("parses");
+        let back = RawMessage::headers_from_json(&back).expect("object");
+        assert_eq!(back.get("X-Nul").map(|v| v.as_str()), Some("a\u{0}b"));
     }
 }

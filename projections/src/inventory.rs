@@ -6,20 +6,22 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use domain::OrderEvent;
-use serde::Serialize;
-use sqlx::{PgConnection, PgPool, Row};
+use domain::{OrderEvent, OrderStatus};
+use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::decode::Decoded;
-use crate::projection::Projection;
+use crate::http::{Page, PageParams, Problem, checked};
+use crate::projection::{Projection, parse_status};
 
 /// The inventory projection.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Inventory;
 
 /// One SKU's counters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Stock {
     /// The SKU.
     pub sku: String,
@@ -34,8 +36,23 @@ pub struct Stock {
 /// What the projection remembers of an order.
 #[derive(Debug, Clone)]
 struct OrderLines {
-    status: &'static str,
+    status: OrderStatus,
     lines: Vec<(String, i64)>,
+}
+
+/// How one batch moves one SKU's counters.
+#[derive(Debug, Clone, Copy, Default)]
+struct Delta {
+    reserved: i64,
+    shipped: i64,
+    released: i64,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct OrderRow {
+    order_id: Uuid,
+    status: String,
+    lines: Json<Vec<(String, i64)>>,
 }
 
 impl Projection for Inventory {
@@ -58,12 +75,13 @@ impl Projection for Inventory {
     async fn apply(&self, tx: &mut PgConnection, events: &[Decoded]) -> sqlx::Result<()> {
         let mut orders = load_orders(tx, events).await?;
         // Sorted by SKU, so concurrent writers always lock stock rows in the same order.
-        let mut deltas: BTreeMap<String, [i64; 3]> = BTreeMap::new();
+        let mut deltas: BTreeMap<String, Delta> = BTreeMap::new();
         let mut changed: Vec<Uuid> = Vec::new();
         for decoded in events {
             let id = decoded.order_id.as_uuid();
             let order = orders.get_mut(&id);
-            let new_status = match (&decoded.event, order) {
+            let open = |o: &OrderLines| matches!(o.status, OrderStatus::Placed | OrderStatus::Paid);
+            match (&decoded.event, order) {
                 (OrderEvent::Placed(placed), _) => {
                     let lines: Vec<(String, i64)> = placed
                         .lines
@@ -71,52 +89,47 @@ impl Projection for Inventory {
                         .map(|l| (l.sku.to_string(), i64::from(l.quantity.get())))
                         .collect();
                     for (sku, quantity) in &lines {
-                        deltas.entry(sku.clone()).or_default()[0] += quantity;
+                        deltas.entry(sku.clone()).or_default().reserved += quantity;
                     }
                     orders.insert(
                         id,
                         OrderLines {
-                            status: "placed",
+                            status: OrderStatus::Placed,
                             lines,
                         },
                     );
-                    changed.push(id);
-                    continue;
                 }
-                (OrderEvent::Paid(_), Some(order)) => {
-                    order.status = "paid";
-                    "paid"
+                (OrderEvent::Paid(_), Some(order)) if order.status == OrderStatus::Placed => {
+                    order.status = OrderStatus::Paid;
                 }
-                (OrderEvent::Cancelled(_), Some(order)) if is_open(order.status) => {
+                (OrderEvent::Cancelled(_), Some(order)) if open(order) => {
                     for (sku, quantity) in &order.lines {
                         let delta = deltas.entry(sku.clone()).or_default();
-                        delta[0] -= quantity;
-                        delta[2] += quantity;
+                        delta.reserved -= quantity;
+                        delta.released += quantity;
                     }
-                    order.status = "cancelled";
-                    "cancelled"
+                    order.status = OrderStatus::Cancelled;
                 }
-                (OrderEvent::Shipped(_), Some(order)) if is_open(order.status) => {
+                (OrderEvent::Shipped(_), Some(order)) if open(order) => {
                     for (sku, quantity) in &order.lines {
                         let delta = deltas.entry(sku.clone()).or_default();
-                        delta[0] -= quantity;
-                        delta[1] += quantity;
+                        delta.reserved -= quantity;
+                        delta.shipped += quantity;
                     }
-                    order.status = "shipped";
-                    "shipped"
+                    order.status = OrderStatus::Shipped;
                 }
                 (event, order) => {
-                    // Version order makes this unreachable for histories the domain can produce.
+                    // Version order makes this unreachable for histories the domain can produce; an
+                    // operator's `held release` past a missing version can lead here.
                     tracing::warn!(
                         order_id = %id,
                         event_type = event.event_type(),
-                        known = order.is_some(),
+                        status = ?order.map(|o| o.status),
                         "event does not change inventory in the order's state"
                     );
                     continue;
                 }
-            };
-            tracing::trace!(order_id = %id, status = new_status, "inventory order updated");
+            }
             changed.push(id);
         }
         changed.sort();
@@ -126,42 +139,27 @@ impl Projection for Inventory {
     }
 }
 
-fn is_open(status: &str) -> bool {
-    matches!(status, "placed" | "paid")
-}
-
 async fn load_orders(
     tx: &mut PgConnection,
     events: &[Decoded],
 ) -> sqlx::Result<HashMap<Uuid, OrderLines>> {
     let ids: Vec<Uuid> = events.iter().map(|e| e.order_id.as_uuid()).collect();
-    let rows = sqlx::query("SELECT order_id, status, lines FROM orders WHERE order_id = ANY($1)")
-        .bind(&ids)
-        .fetch_all(&mut *tx)
-        .await?;
-    rows.iter()
+    let rows: Vec<OrderRow> =
+        sqlx::query_as("SELECT order_id, status, lines FROM orders WHERE order_id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?;
+    rows.into_iter()
         .map(|row| {
-            let lines: Vec<(String, i64)> =
-                serde_json::from_value(row.try_get("lines")?).unwrap_or_default();
-            let status: String = row.try_get("status")?;
             Ok((
-                row.try_get("order_id")?,
+                row.order_id,
                 OrderLines {
-                    status: intern(&status),
-                    lines,
+                    status: parse_status(&row.status)?,
+                    lines: row.lines.0,
                 },
             ))
         })
         .collect()
-}
-
-fn intern(status: &str) -> &'static str {
-    match status {
-        "placed" => "placed",
-        "paid" => "paid",
-        "shipped" => "shipped",
-        _ => "cancelled",
-    }
 }
 
 async fn save_orders(
@@ -179,7 +177,11 @@ async fn save_orders(
          ON CONFLICT (order_id) DO UPDATE SET status = EXCLUDED.status, lines = EXCLUDED.lines",
     )
     .bind(changed)
-    .bind(rows.iter().map(|o| o.status).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|o| o.status.to_string())
+            .collect::<Vec<_>>(),
+    )
     .bind(
         rows.iter()
             .map(|o| serde_json::json!(o.lines))
@@ -190,10 +192,7 @@ async fn save_orders(
     Ok(())
 }
 
-async fn save_deltas(
-    tx: &mut PgConnection,
-    deltas: &BTreeMap<String, [i64; 3]>,
-) -> sqlx::Result<()> {
+async fn save_deltas(tx: &mut PgConnection, deltas: &BTreeMap<String, Delta>) -> sqlx::Result<()> {
     if deltas.is_empty() {
         return Ok(());
     }
@@ -207,9 +206,9 @@ async fn save_deltas(
              updated_at = now()",
     )
     .bind(deltas.keys().collect::<Vec<_>>())
-    .bind(deltas.values().map(|d| d[0]).collect::<Vec<_>>())
-    .bind(deltas.values().map(|d| d[1]).collect::<Vec<_>>())
-    .bind(deltas.values().map(|d| d[2]).collect::<Vec<_>>())
+    .bind(deltas.values().map(|d| d.reserved).collect::<Vec<_>>())
+    .bind(deltas.values().map(|d| d.shipped).collect::<Vec<_>>())
+    .bind(deltas.values().map(|d| d.released).collect::<Vec<_>>())
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -217,46 +216,63 @@ async fn save_deltas(
 
 /// Every SKU's counters, or one SKU's.
 pub async fn stock(pool: &PgPool, sku: Option<&str>) -> sqlx::Result<Vec<Stock>> {
-    let rows = sqlx::query(
+    sqlx::query_as(
         "SELECT sku, reserved, shipped, released FROM stock WHERE $1::text IS NULL OR sku = $1 ORDER BY sku",
     )
     .bind(sku)
     .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(Stock {
-                sku: r.try_get("sku")?,
-                reserved: r.try_get("reserved")?,
-                shipped: r.try_get("shipped")?,
-                released: r.try_get("released")?,
-            })
-        })
-        .collect()
+    .await
 }
 
-/// The read API: `GET /stock` (every SKU) and `GET /stock/{sku}`.
+/// One page of SKUs in SKU order, after `after`.
+pub async fn stock_page(
+    pool: &PgPool,
+    limit: i64,
+    after: Option<&str>,
+) -> sqlx::Result<Page<Stock>> {
+    let rows: Vec<Stock> = sqlx::query_as(
+        "SELECT sku, reserved, shipped, released FROM stock WHERE $2::text IS NULL OR sku > $2
+         ORDER BY sku LIMIT $1",
+    )
+    .bind(limit + 1)
+    .bind(after)
+    .fetch_all(pool)
+    .await?;
+    Ok(Page::from_rows(rows, limit, |s| s.sku.clone()))
+}
+
+/// The read API: `GET /stock[?limit=N&cursor=C]` (a page of SKUs) and `GET /stock/{sku}`.
 pub fn routes(pool: PgPool) -> axum::Router {
-    use axum::extract::{Path, State};
-    use axum::http::StatusCode;
+    use axum::extract::rejection::{PathRejection, QueryRejection};
+    use axum::extract::{Path, Query, State};
     use axum::routing::get;
-    async fn all(State(pool): State<PgPool>) -> Result<axum::Json<Vec<Stock>>, StatusCode> {
-        stock(&pool, None)
+    async fn all(
+        State(pool): State<PgPool>,
+        params: Result<Query<PageParams>, QueryRejection>,
+    ) -> Result<axum::Json<Page<Stock>>, Problem> {
+        let Query(params) = params?;
+        stock_page(&pool, params.limit()?, params.cursor()?)
             .await
             .map(axum::Json)
-            .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)
+            .map_err(|e| Problem::unavailable("reading stock", &e))
     }
     async fn one(
         State(pool): State<PgPool>,
-        Path(sku): Path<String>,
-    ) -> Result<axum::Json<Stock>, StatusCode> {
-        let mut found = stock(&pool, Some(&sku))
+        sku: Result<Path<String>, PathRejection>,
+    ) -> Result<axum::Json<Stock>, Problem> {
+        let Path(sku) = sku?;
+        let mut found = stock(&pool, Some(checked("sku", &sku)?))
             .await
-            .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
-        found.pop().map(axum::Json).ok_or(StatusCode::NOT_FOUND)
+            .map_err(|e| Problem::unavailable("reading stock", &e))?;
+        found
+            .pop()
+            .map(axum::Json)
+            .ok_or_else(|| Problem::not_found(format!("no stock recorded for SKU {sku:?}")))
     }
-    axum::Router::new()
-        .route("/stock", get(all))
-        .route("/stock/{sku}", get(one))
-        .with_state(pool)
+    crate::http::with_fallbacks(
+        axum::Router::new()
+            .route("/stock", get(all))
+            .route("/stock/{sku}", get(one))
+            .with_state(pool),
+    )
 }

@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use domain::OrderEvent;
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::decode::Decoded;
+use crate::http::{Page, PageParams, Problem, checked};
 use crate::projection::Projection;
 
 /// Cents per point.
@@ -21,7 +22,7 @@ pub const CENTS_PER_POINT: i64 = 100;
 pub struct Points;
 
 /// One ledger entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, sqlx::FromRow)]
 pub struct LedgerEntry {
     /// The event that caused it.
     pub event_id: Uuid,
@@ -33,6 +34,15 @@ pub struct LedgerEntry {
     pub reason: String,
     /// When the event happened.
     pub occurred_at: DateTime<Utc>,
+}
+
+/// A customer's balance (without the ledger), as lists show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, sqlx::FromRow)]
+pub struct Balance {
+    /// The customer.
+    pub customer_id: String,
+    /// Current balance.
+    pub balance: i64,
 }
 
 /// A customer's balance and ledger.
@@ -179,27 +189,35 @@ impl Projection for Points {
     }
 }
 
+#[derive(Debug, sqlx::FromRow)]
+struct OrderRow {
+    order_id: Uuid,
+    customer_id: String,
+    earned: i64,
+}
+
 async fn load_orders(
     tx: &mut PgConnection,
     events: &[Decoded],
 ) -> sqlx::Result<HashMap<Uuid, OrderPoints>> {
     let ids: Vec<Uuid> = events.iter().map(|e| e.order_id.as_uuid()).collect();
-    let rows =
-        sqlx::query("SELECT order_id, customer_id, earned FROM orders WHERE order_id = ANY($1)")
+    let rows: Vec<OrderRow> =
+        sqlx::query_as("SELECT order_id, customer_id, earned FROM orders WHERE order_id = ANY($1)")
             .bind(&ids)
             .fetch_all(&mut *tx)
             .await?;
-    rows.iter()
+    Ok(rows
+        .into_iter()
         .map(|r| {
-            Ok((
-                r.try_get("order_id")?,
+            (
+                r.order_id,
                 OrderPoints {
-                    customer_id: r.try_get("customer_id")?,
-                    earned: r.try_get("earned")?,
+                    customer_id: r.customer_id,
+                    earned: r.earned,
                 },
-            ))
+            )
         })
-        .collect()
+        .collect())
 }
 
 async fn save_orders(
@@ -230,13 +248,19 @@ async fn save_orders(
 
 /// Every customer's account (or one customer's), with the ledger.
 pub async fn accounts(pool: &PgPool, customer: Option<&str>) -> sqlx::Result<Vec<Account>> {
-    let balances = sqlx::query(
+    let balances: Vec<Balance> = sqlx::query_as(
         "SELECT customer_id, balance FROM balances WHERE $1::text IS NULL OR customer_id = $1 ORDER BY customer_id",
     )
     .bind(customer)
     .fetch_all(pool)
     .await?;
-    let entries = sqlx::query(
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        customer_id: String,
+        #[sqlx(flatten)]
+        entry: LedgerEntry,
+    }
+    let entries: Vec<Row> = sqlx::query_as(
         "SELECT customer_id, event_id, order_id, points, reason, occurred_at FROM ledger
          WHERE $1::text IS NULL OR customer_id = $1 ORDER BY customer_id, occurred_at, event_id",
     )
@@ -244,53 +268,122 @@ pub async fn accounts(pool: &PgPool, customer: Option<&str>) -> sqlx::Result<Vec
     .fetch_all(pool)
     .await?;
     let mut ledgers: HashMap<String, Vec<LedgerEntry>> = HashMap::new();
-    for row in &entries {
-        ledgers
-            .entry(row.try_get("customer_id")?)
-            .or_default()
-            .push(LedgerEntry {
-                event_id: row.try_get("event_id")?,
-                order_id: row.try_get("order_id")?,
-                points: row.try_get("points")?,
-                reason: row.try_get("reason")?,
-                occurred_at: row.try_get("occurred_at")?,
-            });
+    for row in entries {
+        ledgers.entry(row.customer_id).or_default().push(row.entry);
     }
-    balances
-        .iter()
-        .map(|row| {
-            let customer_id: String = row.try_get("customer_id")?;
-            Ok(Account {
-                ledger: ledgers.remove(&customer_id).unwrap_or_default(),
-                balance: row.try_get("balance")?,
-                customer_id,
-            })
+    Ok(balances
+        .into_iter()
+        .map(|b| Account {
+            ledger: ledgers.remove(&b.customer_id).unwrap_or_default(),
+            balance: b.balance,
+            customer_id: b.customer_id,
         })
-        .collect()
+        .collect())
 }
 
-/// The read API: `GET /customers` (every account) and `GET /customers/{id}` (balance and ledger).
+/// One page of balances in customer order, after `after`.
+pub async fn balance_page(
+    pool: &PgPool,
+    limit: i64,
+    after: Option<&str>,
+) -> sqlx::Result<Page<Balance>> {
+    let rows: Vec<Balance> = sqlx::query_as(
+        "SELECT customer_id, balance FROM balances WHERE $2::text IS NULL OR customer_id > $2
+         ORDER BY customer_id LIMIT $1",
+    )
+    .bind(limit + 1)
+    .bind(after)
+    .fetch_all(pool)
+    .await?;
+    Ok(Page::from_rows(rows, limit, |b| b.customer_id.clone()))
+}
+
+/// One customer's balance and one page of its ledger (oldest first; the cursor is the last entry's
+/// event id).
+pub async fn account_page(
+    pool: &PgPool,
+    customer: &str,
+    limit: i64,
+    after: Option<Uuid>,
+) -> sqlx::Result<Option<(Balance, Page<LedgerEntry>)>> {
+    let balance: Option<Balance> =
+        sqlx::query_as("SELECT customer_id, balance FROM balances WHERE customer_id = $1")
+            .bind(customer)
+            .fetch_optional(pool)
+            .await?;
+    let Some(balance) = balance else {
+        return Ok(None);
+    };
+    let rows: Vec<LedgerEntry> = sqlx::query_as(
+        "SELECT event_id, order_id, points, reason, occurred_at FROM ledger
+         WHERE customer_id = $1
+           AND ($3::uuid IS NULL OR (occurred_at, event_id) >
+                (SELECT occurred_at, event_id FROM ledger WHERE event_id = $3))
+         ORDER BY occurred_at, event_id LIMIT $2",
+    )
+    .bind(customer)
+    .bind(limit + 1)
+    .bind(after)
+    .fetch_all(pool)
+    .await?;
+    Ok(Some((
+        balance,
+        Page::from_rows(rows, limit, |e| e.event_id.to_string()),
+    )))
+}
+
+/// The read API: `GET /customers[?limit=N&cursor=C]` (a page of balances) and
+/// `GET /customers/{id}[?limit=N&cursor=C]` (the balance and a page of the ledger).
 pub fn routes(pool: PgPool) -> axum::Router {
-    use axum::extract::{Path, State};
-    use axum::http::StatusCode;
+    use axum::extract::rejection::{PathRejection, QueryRejection};
+    use axum::extract::{Path, Query, State};
     use axum::routing::get;
-    async fn all(State(pool): State<PgPool>) -> Result<axum::Json<Vec<Account>>, StatusCode> {
-        accounts(&pool, None)
+    #[derive(Serialize)]
+    struct AccountPage {
+        customer_id: String,
+        balance: i64,
+        ledger: Page<LedgerEntry>,
+    }
+    async fn all(
+        State(pool): State<PgPool>,
+        params: Result<Query<PageParams>, QueryRejection>,
+    ) -> Result<axum::Json<Page<Balance>>, Problem> {
+        let Query(params) = params?;
+        balance_page(&pool, params.limit()?, params.cursor()?)
             .await
             .map(axum::Json)
-            .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)
+            .map_err(|e| Problem::unavailable("reading balances", &e))
     }
     async fn one(
         State(pool): State<PgPool>,
-        Path(id): Path<String>,
-    ) -> Result<axum::Json<Account>, StatusCode> {
-        let mut found = accounts(&pool, Some(&id))
+        id: Result<Path<String>, PathRejection>,
+        params: Result<Query<PageParams>, QueryRejection>,
+    ) -> Result<axum::Json<AccountPage>, Problem> {
+        let Path(id) = id?;
+        let Query(params) = params?;
+        let after = params
+            .cursor()?
+            .map(|c| {
+                Uuid::parse_str(c).map_err(|_| {
+                    Problem::bad_request(format!("cursor {c:?} is not a ledger cursor"))
+                })
+            })
+            .transpose()?;
+        let found = account_page(&pool, checked("customer id", &id)?, params.limit()?, after)
             .await
-            .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
-        found.pop().map(axum::Json).ok_or(StatusCode::NOT_FOUND)
+            .map_err(|e| Problem::unavailable("reading an account", &e))?;
+        let (balance, ledger) =
+            found.ok_or_else(|| Problem::not_found(format!("no account for customer {id:?}")))?;
+        Ok(axum::Json(AccountPage {
+            customer_id: balance.customer_id,
+            balance: balance.balance,
+            ledger,
+        }))
     }
-    axum::Router::new()
-        .route("/customers", get(all))
-        .route("/customers/{id}", get(one))
-        .with_state(pool)
+    crate::http::with_fallbacks(
+        axum::Router::new()
+            .route("/customers", get(all))
+            .route("/customers/{id}", get(one))
+            .with_state(pool),
+    )
 }

@@ -24,3 +24,20 @@ pub trait Projection: Send + Sync + 'static {
         events: &[Decoded],
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 }
+
+/// The status a projection stored with [`domain::OrderStatus`]'s `Display`, read back. Anything else is
+/// an error: a corrupt row must not turn into a believable status.
+pub fn parse_status(text: &str) -> Result<domain::OrderStatus, sqlx::Error> {
+    use domain::OrderStatus;
+    [
+        OrderStatus::Placed,
+        OrderStatus::Paid,
+        OrderStatus::Shipped,
+        OrderStatus::Cancelled,
+    ]
+    .into_iter()
+    .find(|status| status.to_string() == text)
+    .ok_or_else(|| {
+        sqlx::Error::Decode(format!("unknown order status {text:?} in the projection").into())
+    })
+}

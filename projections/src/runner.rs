@@ -1,27 +1,29 @@
-//! The one consumer runner every projection shares: fetch a batch from the projection's durable pull
-//! consumer, decode and upcast, sort out duplicates, gaps and poison against the per-aggregate
-//! checkpoints, apply the rest together with the new checkpoints in ONE transaction, commit, then ack.
+//! The one runner every projection shares: its settings, its durable consumer, and the transaction at
+//! its heart — decode and check each message, let the [`Plan`] decide against the per-aggregate
+//! checkpoints and the held table, apply through the projection, move the checkpoints, hold gaps and
+//! park poison, all in ONE transaction. Consuming is in `consume.rs`, parking in `park.rs`, the held
+//! table in `held.rs`, blue/green rebuilds in `rebuild.rs`.
 //!
-//! Exactly once in effect: a version at or below the checkpoint is a duplicate (acked, not applied); the
-//! next version is applied and moves the checkpoint in the same transaction; a later version is a gap
-//! (NAKed with a delay, applied once its predecessor is). A crash between commit and ack redelivers
-//! messages that are now duplicates.
+//! Exactly once in effect: a version at or below the checkpoint is a duplicate (acked, not applied);
+//! the next version is applied and moves the checkpoint in the same transaction; a later version is
+//! held in the projection's own database (and acked) until its predecessor is applied. A crash between
+//! commit and ack redelivers messages that are now duplicates.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
-use async_nats::jetstream::{self, AckKind};
-use domain::Upcasters;
-use futures::StreamExt;
+use async_nats::jetstream::{self};
+use domain::{OrderEvent, Upcasters};
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::decode::{Decoded, Poison, RawMessage, decode};
-use crate::metrics;
+use crate::decode::{Decoded, Poison, RawMessage, decode, decode_message};
+use crate::park::{self, ParkRecord};
+use crate::plan::{Checkpoint, Facts, Offer, Plan, Slot, Verdict};
 use crate::projection::Projection;
 use crate::schema;
 
@@ -66,20 +68,8 @@ pub enum FailPoint {
     None,
     /// Abort the process after a batch committed, before any ack is sent.
     AbortAfterCommit,
-}
-
-/// What the runner decided for one message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    /// Applied; the checkpoint moved.
-    Applied,
-    /// Already applied (at or below the checkpoint): acked, not applied.
-    Duplicate,
-    /// A later version than the next one: not applied, redelivered after a delay.
-    Gap,
-    /// Cannot be applied by this code: stored in `parked`, terminated on the broker.
-    Parked,
+    /// Fail a rebuild after the new state is built, before it is swapped in.
+    FailBeforeSwap,
 }
 
 /// Counts over a batch or a run.
@@ -87,47 +77,61 @@ pub enum Verdict {
 pub struct Tally {
     /// Messages seen.
     pub messages: u64,
-    /// Applied.
+    /// Applied straight from the delivery.
     pub applied: u64,
     /// Duplicates absorbed.
     pub duplicates: u64,
-    /// Gaps sent back for later.
-    pub gaps: u64,
+    /// Kept in the held table for a missing predecessor.
+    pub held: u64,
     /// Poison parked.
     pub parked: u64,
 }
 
 impl Tally {
-    fn count(&mut self, verdicts: &[Verdict]) {
+    pub(crate) fn count(&mut self, verdicts: &[Verdict]) {
         for verdict in verdicts {
             self.messages += 1;
             match verdict {
                 Verdict::Applied => self.applied += 1,
                 Verdict::Duplicate => self.duplicates += 1,
-                Verdict::Gap => self.gaps += 1,
+                Verdict::Held => self.held += 1,
                 Verdict::Parked => self.parked += 1,
             }
         }
     }
 
-    fn merge(&mut self, other: &Tally) {
+    pub(crate) fn merge(&mut self, other: &Tally) {
         self.messages += other.messages;
         self.applied += other.applied;
         self.duplicates += other.duplicates;
-        self.gaps += other.gaps;
+        self.held += other.held;
         self.parked += other.parked;
     }
+}
+
+/// What happens to a message that cannot be applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnPoison {
+    /// Park it (deliveries).
+    Park,
+    /// Report why, park nothing (redrive: the message is parked already).
+    Report,
 }
 
 /// The consumer runner for projection `P`.
 #[derive(Debug)]
 pub struct Runner<P> {
-    projection: Arc<P>,
-    pool: PgPool,
-    jetstream: jetstream::Context,
-    client: async_nats::Client,
-    config: RunnerConfig,
-    upcasters: Upcasters,
+    pub(crate) projection: Arc<P>,
+    pub(crate) pool: PgPool,
+    pub(crate) jetstream: jetstream::Context,
+    pub(crate) client: async_nats::Client,
+    pub(crate) config: RunnerConfig,
+    pub(crate) upcasters: Upcasters,
+    pub(crate) database_url: String,
+    /// Where its state lives: the projection's name, or a rebuild's schema beside it.
+    pub(crate) schema: String,
+    /// Its durable consumer: the projection's name, or a rebuild's own.
+    pub(crate) consumer_name: String,
 }
 
 impl<P: Projection> Runner<P> {
@@ -152,6 +156,9 @@ impl<P: Projection> Runner<P> {
             client,
             config,
             upcasters: Upcasters::orders(),
+            database_url: database_url.to_owned(),
+            schema: P::NAME.to_owned(),
+            consumer_name: P::NAME.to_owned(),
         })
     }
 
@@ -170,11 +177,11 @@ impl<P: Projection> Runner<P> {
         &self.config
     }
 
-    fn consumer_config(&self) -> pull::Config {
+    pub(crate) fn consumer_config(&self, deliver_policy: DeliverPolicy) -> pull::Config {
         pull::Config {
-            durable_name: Some(P::NAME.to_owned()),
+            durable_name: Some(self.consumer_name.clone()),
             description: Some(format!("waybill {} projection", P::NAME)),
-            deliver_policy: DeliverPolicy::All,
+            deliver_policy,
             ack_policy: AckPolicy::Explicit,
             ack_wait: self.config.ack_wait,
             max_ack_pending: self.config.max_ack_pending,
@@ -196,18 +203,18 @@ impl<P: Projection> Runner<P> {
                     self.config.stream
                 )
             })?;
-        let wanted = self.consumer_config();
+        let wanted = self.consumer_config(DeliverPolicy::All);
         let mut consumer: PullConsumer = stream
-            .get_or_create_consumer(P::NAME, wanted.clone())
+            .get_or_create_consumer(&self.consumer_name, wanted.clone())
             .await
-            .with_context(|| format!("creating consumer {}", P::NAME))?;
+            .with_context(|| format!("creating consumer {}", self.consumer_name))?;
         let actual = consumer.info().await?.config.clone();
         if actual.filter_subject != wanted.filter_subject || actual.ack_policy != wanted.ack_policy
         {
             anyhow::bail!(
                 "consumer {} exists with filter {:?} and ack policy {:?}, but the projection needs {:?} and {:?}; \
                  delete it or run `rebuild`",
-                P::NAME,
+                self.consumer_name,
                 actual.filter_subject,
                 actual.ack_policy,
                 wanted.filter_subject,
@@ -216,7 +223,7 @@ impl<P: Projection> Runner<P> {
         }
         if actual.ack_wait != wanted.ack_wait || actual.max_ack_pending != wanted.max_ack_pending {
             tracing::warn!(
-                consumer = P::NAME,
+                consumer = %self.consumer_name,
                 ack_wait = ?actual.ack_wait,
                 max_ack_pending = actual.max_ack_pending,
                 "the existing consumer keeps its own ack wait and ack-pending limit; `rebuild` recreates it with the new ones"
@@ -229,296 +236,39 @@ impl<P: Projection> Runner<P> {
     pub async fn lag(&self) -> anyhow::Result<(u64, u64)> {
         let stream = self.jetstream.get_stream(&self.config.stream).await?;
         let mut consumer: PullConsumer = stream
-            .get_consumer(P::NAME)
+            .get_consumer(&self.consumer_name)
             .await
-            .map_err(|e| anyhow::anyhow!("consumer {}: {e}", P::NAME))?;
+            .map_err(|e| anyhow::anyhow!("consumer {}: {e}", self.consumer_name))?;
         let info = consumer.info().await?;
         Ok((info.num_pending, info.num_ack_pending as u64))
+    }
+
+    /// Takes this state's turn: batches of every instance (and redrive, release, the swap of a
+    /// rebuild) of one projection state take turns.
+    pub(crate) async fn lock(&self, tx: &mut PgConnection) -> sqlx::Result<()> {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('waybill.projection.' || $1))")
+            .bind(&self.schema)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
     }
 
     /// Decides and applies a batch in one transaction; returns one verdict per message. Nothing is
     /// acked here: the caller acks after this returns, so a crash in between only redelivers.
     pub async fn apply_batch(&self, messages: &[RawMessage]) -> anyhow::Result<Vec<Verdict>> {
         let mut tx = self.pool.begin().await?;
-        // Batches of every instance (and redrive, and rebuild) of this projection take turns.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('waybill.projection.' || $1))")
-            .bind(P::NAME)
-            .execute(&mut *tx)
-            .await?;
-        let verdicts =
-            decide_and_apply(&mut tx, &*self.projection, &self.upcasters, messages).await?;
-        tx.commit().await?;
-        Ok(verdicts)
-    }
-
-    /// Consumes until `shutdown` resolves (or, with `once`, until nothing is pending).
-    pub async fn run(
-        &self,
-        shutdown: impl std::future::Future<Output = ()> + Send,
-        once: bool,
-        mut progress: impl FnMut(&Tally) + Send,
-    ) -> anyhow::Result<Tally> {
-        metrics::describe();
-        tokio::pin!(shutdown);
-        let mut tally = Tally::default();
-        // When a message was last applied, found a duplicate or parked: gaps alone are no progress.
-        let mut last_progress = Instant::now();
-        'connect: loop {
-            let consumer = match self.consumer().await {
-                Ok(consumer) => consumer,
-                Err(error) if !once => {
-                    tracing::warn!(
-                        error = format!("{error:#}"),
-                        "consumer unavailable; retrying in 2 s"
-                    );
-                    tokio::select! {
-                        () = &mut shutdown => return Ok(tally),
-                        () = tokio::time::sleep(Duration::from_secs(2)) => continue 'connect,
-                    }
-                }
-                Err(error) => return Err(error),
-            };
-            let mut messages = consumer
-                .stream()
-                .max_messages_per_batch(self.config.batch_size.max(1))
-                .messages()
-                .await
-                .context("opening the consumer's message stream")?;
-            loop {
-                let first = tokio::select! {
-                    () = &mut shutdown => return Ok(tally),
-                    next = tokio::time::timeout(Duration::from_secs(1), messages.next()) => next,
-                };
-                let first = match first {
-                    Ok(Some(Ok(message))) => message,
-                    Ok(Some(Err(error))) => {
-                        tracing::warn!(%error, "consumer stream error; reconnecting");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        continue 'connect;
-                    }
-                    Ok(None) => continue 'connect,
-                    Err(_idle) => {
-                        if once && self.caught_up(last_progress).await? {
-                            return Ok(tally);
-                        }
-                        continue;
-                    }
-                };
-                let mut batch = vec![first];
-                while batch.len() < self.config.batch_size {
-                    match tokio::time::timeout(self.config.linger, messages.next()).await {
-                        Ok(Some(Ok(message))) => batch.push(message),
-                        _ => break,
-                    }
-                }
-                let report = self.handle(batch).await;
-                let moved = report.applied + report.duplicates + report.parked > 0;
-                if moved {
-                    last_progress = Instant::now();
-                }
-                tally.merge(&report);
-                progress(&tally);
-                // Gaps that keep coming back are not progress: --once must still end.
-                if once && !moved && self.caught_up(last_progress).await? {
-                    return Ok(tally);
-                }
-            }
-        }
-    }
-
-    /// With `--once`: true when the consumer has nothing left to deliver and nothing unacknowledged —
-    /// or only gaps, and nothing has been applied for 10 s (their predecessors are not in the stream,
-    /// or are parked).
-    async fn caught_up(&self, last_progress: Instant) -> anyhow::Result<bool> {
-        let (pending, ack_pending) = self.lag().await?;
-        if pending > 0 {
-            return Ok(false);
-        }
-        if ack_pending == 0 {
-            return Ok(true);
-        }
-        let stuck = last_progress.elapsed() > Duration::from_secs(10);
-        if stuck {
-            tracing::warn!(
-                waiting = ack_pending,
-                "events still wait for an earlier version that is not in the stream"
-            );
-        }
-        Ok(stuck)
-    }
-
-    /// Applies one batch and settles every message with the broker.
-    async fn handle(&self, batch: Vec<jetstream::Message>) -> Tally {
-        let started = Instant::now();
-        let raw: Vec<RawMessage> = batch.iter().map(raw_message).collect();
-        let verdicts: Vec<Option<Verdict>> = match self.apply_batch(&raw).await {
-            Ok(verdicts) => verdicts.into_iter().map(Some).collect(),
-            Err(error) => {
-                // Nothing was committed. One message may be to blame: apply them one by one, so
-                // the others go through and the culprit alone is parked.
-                tracing::warn!(
-                    error = format!("{error:#}"),
-                    messages = batch.len(),
-                    "applying a batch failed; applying its messages one by one"
-                );
-                let mut verdicts = Vec::with_capacity(raw.len());
-                for message in &raw {
-                    verdicts.push(self.apply_alone(message).await);
-                }
-                verdicts
-            }
-        };
-        if self.config.fail_point == FailPoint::AbortAfterCommit {
-            tracing::warn!("fail point: aborting after the commit, before acking");
-            std::process::abort();
-        }
-        for (message, verdict) in batch.iter().zip(&verdicts) {
-            let kind = match verdict {
-                Some(Verdict::Applied | Verdict::Duplicate) => AckKind::Ack,
-                Some(Verdict::Parked) => AckKind::Term,
-                Some(Verdict::Gap) => AckKind::Nak(Some(gap_delay(message))),
-                // Neither applied nor parked (the database is failing): try again shortly.
-                None => AckKind::Nak(Some(Duration::from_secs(1))),
-            };
-            if let Err(error) = message.ack_with(kind).await {
-                // A lost ack means a redelivery, which the checkpoint absorbs.
-                tracing::debug!(%error, "ack failed");
-            }
-        }
-        let mut tally = Tally::default();
-        tally.count(&verdicts.iter().flatten().copied().collect::<Vec<_>>());
-        metrics::record_batch(P::NAME, &tally, started.elapsed());
-        tracing::debug!(projection = P::NAME, ?tally, "batch");
-        tally
-    }
-
-    /// Applies one message on its own. A message that fails twice while the database answers is
-    /// parked with the error as its reason (a transient failure rarely repeats); if even parking fails,
-    /// `None`: the broker redelivers it later.
-    async fn apply_alone(&self, message: &RawMessage) -> Option<Verdict> {
-        let mut last_error = None;
-        for _ in 0..2 {
-            match self.apply_batch(std::slice::from_ref(message)).await {
-                Ok(verdicts) => return verdicts.first().copied(),
-                Err(error) => last_error = Some(format!("{error:#}")),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let reason = format!("applying it failed: {}", last_error.unwrap_or_default());
-        let poison = Poison {
-            reason,
-            event_id: None,
-            aggregate_id: None,
-            aggregate_version: None,
-        };
-        let mut conn = self.pool.acquire().await.ok()?;
-        match park(&mut conn, message, &poison).await {
-            Ok(()) => Some(Verdict::Parked),
-            Err(error) => {
-                tracing::error!(%error, "cannot park a message that keeps failing; the broker will redeliver it");
-                None
-            }
-        }
-    }
-
-    /// Re-applies parked messages (after an upgrade taught the code their shape). Returns how many were
-    /// applied or found to be duplicates, and how many stay parked.
-    pub async fn redrive(&self) -> anyhow::Result<(u64, u64)> {
-        let parked = sqlx::query(
-            "SELECT id, stream_sequence, subject, headers, body FROM parked WHERE redriven_at IS NULL ORDER BY id",
+        self.lock(&mut tx).await?;
+        let decisions = decide_and_apply(
+            &mut tx,
+            &*self.projection,
+            &self.upcasters,
+            messages,
+            None,
+            OnPoison::Park,
         )
-        .fetch_all(&self.pool)
         .await?;
-        let mut resolved = 0;
-        let mut remaining = 0;
-        for row in &parked {
-            let id: i64 = row.try_get("id")?;
-            let message = RawMessage {
-                stream_sequence: row
-                    .try_get::<Option<i64>, _>("stream_sequence")?
-                    .unwrap_or(0) as u64,
-                subject: row.try_get("subject")?,
-                headers: RawMessage::headers_from_json(&row.try_get("headers")?),
-                body: bytes::Bytes::from(row.try_get::<Vec<u8>, _>("body")?),
-            };
-            let mut tx = self.pool.begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtext('waybill.projection.' || $1))")
-                .bind(P::NAME)
-                .execute(&mut *tx)
-                .await?;
-            // Redrive applies the message like a delivery, but never parks it a second time.
-            let verdict = match decode(&message.body, &self.upcasters) {
-                Err(poison) => Err(poison.reason),
-                Ok(decoded) => {
-                    let verdicts = decide_and_apply(
-                        &mut tx,
-                        &*self.projection,
-                        &self.upcasters,
-                        std::slice::from_ref(&message),
-                    )
-                    .await?;
-                    match verdicts[0] {
-                        Verdict::Gap => Err(format!(
-                            "waiting for version {} first",
-                            decoded.aggregate_version - 1
-                        )),
-                        verdict => Ok(verdict),
-                    }
-                }
-            };
-            match verdict {
-                Ok(verdict) => {
-                    sqlx::query(
-                        "UPDATE parked SET redriven_at = now(), redrive_note = $2 WHERE id = $1",
-                    )
-                    .bind(id)
-                    .bind(format!("{verdict:?}").to_lowercase())
-                    .execute(&mut *tx)
-                    .await?;
-                    resolved += 1;
-                }
-                Err(reason) => {
-                    sqlx::query("UPDATE parked SET redrive_note = $2 WHERE id = $1")
-                        .bind(id)
-                        .bind(format!("still parked: {reason}"))
-                        .execute(&mut *tx)
-                        .await?;
-                    remaining += 1;
-                }
-            }
-            tx.commit().await?;
-        }
-        Ok((resolved, remaining))
-    }
-
-    /// Wipes the projection's state and consumer, then replays the stream from its start.
-    pub async fn rebuild(&self, progress: impl FnMut(&Tally) + Send) -> anyhow::Result<Tally> {
-        self.reset().await?;
-        self.run(std::future::pending(), true, progress).await
-    }
-
-    /// Wipes the projection's state (its schema recreated empty) and deletes its consumer, so the next
-    /// run starts from the beginning of the stream.
-    pub async fn reset(&self) -> anyhow::Result<()> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('waybill.projection.' || $1))")
-            .bind(P::NAME)
-            .execute(&mut *tx)
-            .await?;
-        // The consumer goes first: if the wipe then fails, the state is replayed onto itself (the
-        // checkpoints absorb it); the other way round, an empty state would resume mid-stream.
-        let stream = self.jetstream.get_stream(&self.config.stream).await?;
-        match stream.delete_consumer(P::NAME).await {
-            Ok(_) => tracing::info!(
-                consumer = P::NAME,
-                "deleted the consumer; replaying from the start"
-            ),
-            Err(error) if is_not_found(&error) => tracing::debug!("no consumer to delete"),
-            Err(error) => return Err(anyhow::anyhow!("deleting consumer {}: {error}", P::NAME)),
-        }
-        schema::reset(&mut tx, P::NAME, P::TABLES).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(decisions.into_iter().map(|(verdict, _)| verdict).collect())
     }
 
     /// How many messages the stream holds (a rebuild's total).
@@ -528,117 +278,314 @@ impl<P: Projection> Runner<P> {
     }
 }
 
-/// The heart of the runner, shared by delivery and redrive: classify every message against the
-/// checkpoints, apply the next versions through the projection, move the checkpoints, park poison.
-async fn decide_and_apply<P: Projection>(
+/// An aggregate's checkpoint (absent before its first event) and whether anything is held for it.
+#[derive(Debug, sqlx::FromRow)]
+struct CheckpointRow {
+    aggregate_id: Uuid,
+    version: Option<i64>,
+    total_cents: Option<i64>,
+    has_held: bool,
+}
+
+/// A held row taken out of the held table to be applied (or found stale).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct HeldRow {
+    pub(crate) aggregate_id: Uuid,
+    pub(crate) version: i64,
+    pub(crate) event_id: Uuid,
+    pub(crate) stream_sequence: Option<i64>,
+    pub(crate) subject: String,
+    pub(crate) headers: Vec<u8>,
+    pub(crate) body: Vec<u8>,
+}
+
+impl HeldRow {
+    fn message(&self) -> RawMessage {
+        RawMessage {
+            stream_sequence: self.stream_sequence.unwrap_or(0).max(0) as u64,
+            subject: self.subject.clone(),
+            headers: serde_json::from_slice(&self.headers)
+                .ok()
+                .and_then(|v| RawMessage::headers_from_json(&v)),
+            body: bytes::Bytes::from(self.body.clone()),
+        }
+    }
+}
+
+fn facts(event: &OrderEvent) -> Facts {
+    match event {
+        OrderEvent::Placed(placed) => Facts::Placed {
+            total_cents: placed.total_cents,
+        },
+        OrderEvent::Paid(paid) => Facts::Paid {
+            amount_cents: paid.amount_cents.get(),
+        },
+        OrderEvent::Cancelled(_) | OrderEvent::Shipped(_) => Facts::Other,
+    }
+}
+
+fn offer(slot: Slot, decoded: &Decoded) -> Offer {
+    Offer {
+        slot,
+        aggregate_id: decoded.order_id.as_uuid(),
+        version: decoded.aggregate_version,
+        facts: facts(&decoded.event),
+    }
+}
+
+/// The heart of the runner, shared by delivery, redrive and release: decode and check every message,
+/// let the plan decide against the checkpoints and the held table, apply, move the checkpoints, hold
+/// the gaps, and park the poison (or, with [`OnPoison::Report`], return why). `force` sets one
+/// aggregate's checkpoint first (an operator's release). One `(verdict, reason)` per message; the
+/// reason is set for parked ones.
+pub(crate) async fn decide_and_apply<P: Projection>(
     tx: &mut PgConnection,
     projection: &P,
     upcasters: &Upcasters,
     messages: &[RawMessage],
-) -> anyhow::Result<Vec<Verdict>> {
-    let mut verdicts = vec![Verdict::Parked; messages.len()];
-    let mut decoded: Vec<(usize, Decoded)> = Vec::with_capacity(messages.len());
+    force: Option<(Uuid, i64)>,
+    on_poison: OnPoison,
+) -> anyhow::Result<Vec<(Verdict, Option<String>)>> {
+    let mut decoded: Vec<Option<Decoded>> = Vec::with_capacity(messages.len());
     let mut poison: Vec<(usize, Poison)> = Vec::new();
     for (index, message) in messages.iter().enumerate() {
-        match decode(&message.body, upcasters) {
-            Ok(event) => decoded.push((index, event)),
-            Err(reason) => poison.push((index, reason)),
+        match decode_message(message, upcasters) {
+            Ok(event) => decoded.push(Some(event)),
+            Err(reason) => {
+                decoded.push(None);
+                poison.push((index, reason));
+            }
         }
     }
 
-    let aggregates: Vec<Uuid> = decoded.iter().map(|(_, d)| d.order_id.as_uuid()).collect();
-    let mut checkpoints: HashMap<Uuid, i64> = sqlx::query_as::<_, (Uuid, i64)>(
-        "SELECT aggregate_id, version FROM checkpoints WHERE aggregate_id = ANY($1)",
+    let mut aggregates: Vec<Uuid> = decoded
+        .iter()
+        .flatten()
+        .map(|d| d.order_id.as_uuid())
+        .chain(force.map(|(id, _)| id))
+        .collect();
+    aggregates.sort();
+    aggregates.dedup();
+    // One round trip for the checkpoints and for which orders have held events: the held table is
+    // then queried only for those, which is almost never.
+    let rows: Vec<CheckpointRow> = sqlx::query_as(
+        "SELECT a.aggregate_id, c.version, c.total_cents,
+                EXISTS (SELECT 1 FROM held h WHERE h.aggregate_id = a.aggregate_id) AS has_held
+         FROM UNNEST($1::uuid[]) AS a(aggregate_id)
+         LEFT JOIN checkpoints c ON c.aggregate_id = a.aggregate_id",
     )
     .bind(&aggregates)
     .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .collect();
+    .await
+    .context("reading checkpoints")?;
+    let with_held: std::collections::HashSet<Uuid> = rows
+        .iter()
+        .filter(|row| row.has_held)
+        .map(|row| row.aggregate_id)
+        .collect();
+    let checkpoints: HashMap<Uuid, Checkpoint> = rows
+        .into_iter()
+        .filter_map(|row| {
+            let version = row.version?;
+            Some((
+                row.aggregate_id,
+                Checkpoint {
+                    version,
+                    total_cents: row.total_cents,
+                },
+            ))
+        })
+        .collect();
 
-    // Per aggregate in version order: a version 2 that arrived before version 1 in the same batch is
-    // applied right after it.
-    decoded.sort_by_key(|(index, d)| (d.order_id, d.aggregate_version, *index));
-    let mut to_apply: Vec<Decoded> = Vec::new();
-    let mut moved: HashMap<Uuid, (i64, Uuid)> = HashMap::new();
-    for (index, event) in decoded {
-        let current = checkpoints.entry(event.order_id.as_uuid()).or_insert(0);
-        verdicts[index] = if event.aggregate_version <= *current {
-            Verdict::Duplicate
-        } else if event.aggregate_version == *current + 1 {
-            *current = event.aggregate_version;
-            moved.insert(
-                event.order_id.as_uuid(),
-                (event.aggregate_version, event.event_id),
-            );
-            to_apply.push(event);
-            Verdict::Applied
-        } else {
-            Verdict::Gap
-        };
+    let mut plan = Plan::new(messages.len(), checkpoints);
+    if let Some((aggregate_id, version)) = force {
+        plan.force(aggregate_id, version);
     }
+    plan.offer_batch(
+        decoded
+            .iter()
+            .enumerate()
+            .filter_map(|(index, d)| d.as_ref().map(|d| offer(Slot::Batch(index), d)))
+            .collect(),
+    );
 
-    if !to_apply.is_empty() {
-        projection.apply(tx, &to_apply).await?;
-        let mut moved: Vec<(Uuid, (i64, Uuid))> = moved.into_iter().collect();
-        moved.sort_by_key(|(id, _)| *id);
-        sqlx::query(
-            "INSERT INTO checkpoints (aggregate_id, version, event_id)
-             SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[])
-             ON CONFLICT (aggregate_id) DO UPDATE
-                 SET version = EXCLUDED.version, event_id = EXCLUDED.event_id, updated_at = now()",
+    // Chase the held table behind every checkpoint that moved, until nothing more moves. Rows at or
+    // below the new checkpoint are stale and leave the table too.
+    let mut held: Vec<(HeldRow, Result<Decoded, Poison>)> = Vec::new();
+    let mut held_poison: Vec<usize> = Vec::new();
+    loop {
+        // Rows are added to `held` only after this loop, so an order without held rows at the start
+        // of the transaction has none to take.
+        let wanted: Vec<(Uuid, i64)> = plan
+            .wanted()
+            .into_iter()
+            .filter(|(id, _)| with_held.contains(id))
+            .collect();
+        if wanted.is_empty() {
+            break;
+        }
+        let rows: Vec<HeldRow> = sqlx::query_as(
+            "DELETE FROM held h USING UNNEST($1::uuid[], $2::int8[]) AS w(aggregate_id, upto)
+             WHERE h.aggregate_id = w.aggregate_id AND h.version <= w.upto
+             RETURNING h.aggregate_id, h.version, h.event_id, h.stream_sequence, h.subject, h.headers, h.body",
         )
-        .bind(moved.iter().map(|(id, _)| *id).collect::<Vec<_>>())
-        .bind(moved.iter().map(|(_, (v, _))| *v).collect::<Vec<_>>())
-        .bind(moved.iter().map(|(_, (_, e))| *e).collect::<Vec<_>>())
-        .execute(&mut *tx)
-        .await?;
+        .bind(wanted.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+        .bind(wanted.iter().map(|(_, v)| *v).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await
+        .context("taking held events")?;
+        let mut offers = Vec::with_capacity(rows.len());
+        for row in rows {
+            let index = held.len();
+            // Checked when it was held; decoded again because this code may be newer than that.
+            let result = decode(&row.body, upcasters);
+            match &result {
+                Ok(decoded) => offers.push(offer(Slot::Held(index), decoded)),
+                Err(_) => held_poison.push(index),
+            }
+            held.push((row, result));
+        }
+        plan.offer_held(offers);
+    }
+    let outcome = plan.finish();
+
+    if !outcome.apply.is_empty() {
+        let mut events: Vec<Decoded> = Vec::with_capacity(outcome.apply.len());
+        for slot in &outcome.apply {
+            let event = match *slot {
+                Slot::Batch(index) => decoded[index].as_ref(),
+                Slot::Held(index) => held[index].1.as_ref().ok(),
+            };
+            events.push(event.expect("the plan applies only decoded events").clone());
+        }
+        projection.apply(tx, &events).await.with_context(|| {
+            format!(
+                "applying {} events to the {} projection",
+                events.len(),
+                P::NAME
+            )
+        })?;
+        let mut last_event: HashMap<Uuid, Uuid> = HashMap::new();
+        for event in &events {
+            last_event.insert(event.order_id.as_uuid(), event.event_id);
+        }
+        write_checkpoints(tx, &outcome.checkpoints, &last_event).await?;
+    } else if !outcome.checkpoints.is_empty() {
+        write_checkpoints(tx, &outcome.checkpoints, &HashMap::new()).await?;
     }
 
-    for (index, poison) in &poison {
-        park(tx, &messages[*index], poison).await?;
+    if !outcome.hold.is_empty() {
+        let held_now: Vec<(&RawMessage, &Decoded)> = outcome
+            .hold
+            .iter()
+            .filter_map(|&i| decoded[i].as_ref().map(|d| (&messages[i], d)))
+            .collect();
+        sqlx::query(
+            "INSERT INTO held (aggregate_id, version, event_id, stream_sequence, subject, headers, body)
+             SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::int8[], $5::text[], $6::bytea[], $7::bytea[])
+             ON CONFLICT (aggregate_id, version) DO NOTHING",
+        )
+        .bind(held_now.iter().map(|(_, d)| d.order_id.as_uuid()).collect::<Vec<_>>())
+        .bind(held_now.iter().map(|(_, d)| d.aggregate_version).collect::<Vec<_>>())
+        .bind(held_now.iter().map(|(_, d)| d.event_id).collect::<Vec<_>>())
+        .bind(held_now.iter().map(|(m, _)| sequence(m)).collect::<Vec<_>>())
+        .bind(held_now.iter().map(|(m, _)| park::storable(&m.subject)).collect::<Vec<_>>())
+        .bind(held_now.iter().map(|(m, _)| park::headers_bytes(m)).collect::<Vec<_>>())
+        .bind(held_now.iter().map(|(m, _)| m.body.to_vec()).collect::<Vec<_>>())
+        .execute(&mut *tx)
+        .await
+        .context("holding events that wait for their predecessor")?;
     }
-    Ok(verdicts)
+
+    let mut results: Vec<(Verdict, Option<String>)> =
+        outcome.verdicts.iter().map(|v| (*v, None)).collect();
+    let mut to_park: Vec<ParkRecord> = Vec::new();
+    for (index, poison) in poison {
+        results[index].1 = Some(poison.reason.clone());
+        to_park.push(ParkRecord::new(&messages[index], poison));
+    }
+    for (slot, reason) in &outcome.refuse {
+        match *slot {
+            Slot::Batch(index) => {
+                results[index].1 = Some(reason.clone());
+                let decoded = decoded[index].as_ref();
+                to_park.push(ParkRecord::new(
+                    &messages[index],
+                    Poison {
+                        reason: reason.clone(),
+                        event_id: decoded.map(|d| d.event_id),
+                        aggregate_id: decoded.map(|d| d.order_id.as_uuid()),
+                        aggregate_version: decoded.map(|d| d.aggregate_version),
+                    },
+                ));
+            }
+            Slot::Held(index) => {
+                // Out of the held table already: parked whatever `on_poison` says, or it is lost.
+                let row = &held[index].0;
+                park::park(
+                    tx,
+                    &ParkRecord::new(
+                        &row.message(),
+                        Poison {
+                            reason: reason.clone(),
+                            event_id: Some(row.event_id),
+                            aggregate_id: Some(row.aggregate_id),
+                            aggregate_version: Some(row.version),
+                        },
+                    ),
+                )
+                .await?;
+            }
+        }
+    }
+    for index in held_poison {
+        let (row, result) = &held[index];
+        if let Err(poison) = result {
+            park::park(tx, &ParkRecord::new(&row.message(), poison.clone())).await?;
+        }
+    }
+    if on_poison == OnPoison::Park {
+        for record in &to_park {
+            park::park(tx, record).await?;
+        }
+    }
+    Ok(results)
 }
 
-/// Stores a message that cannot be applied, whole, with why. PostgreSQL text cannot hold NUL, which a
-/// hostile message can smuggle into a reason or a header: those characters are dropped there (the
-/// body is kept byte for byte).
-async fn park(conn: &mut PgConnection, message: &RawMessage, poison: &Poison) -> sqlx::Result<()> {
-    tracing::warn!(stream_sequence = message.stream_sequence, subject = %message.subject, reason = %poison.reason, "parking poison message");
-    let text = |s: &str| s.replace('\0', "");
+async fn write_checkpoints(
+    tx: &mut PgConnection,
+    moved: &std::collections::BTreeMap<Uuid, Checkpoint>,
+    last_event: &HashMap<Uuid, Uuid>,
+) -> anyhow::Result<()> {
+    // An operator's release moves a checkpoint without an event: `event_id` stays NULL then.
     sqlx::query(
-        "INSERT INTO parked (stream_sequence, subject, headers, body, reason, event_id, aggregate_id, aggregate_version)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        "INSERT INTO checkpoints (aggregate_id, version, event_id, total_cents)
+         SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::int8[])
+         ON CONFLICT (aggregate_id) DO UPDATE
+             SET version = EXCLUDED.version, event_id = EXCLUDED.event_id,
+                 total_cents = EXCLUDED.total_cents, updated_at = now()",
     )
-    .bind(i64::try_from(message.stream_sequence).ok().filter(|s| *s > 0))
-    .bind(text(&message.subject))
-    .bind(message.headers_json())
-    .bind(message.body.as_ref())
-    .bind(text(&poison.reason))
-    .bind(poison.event_id)
-    .bind(poison.aggregate_id)
-    .bind(poison.aggregate_version)
-    .execute(&mut *conn)
-    .await?;
+    .bind(moved.keys().copied().collect::<Vec<_>>())
+    .bind(moved.values().map(|c| c.version).collect::<Vec<_>>())
+    .bind(
+        moved
+            .keys()
+            .map(|id| last_event.get(id).copied())
+            .collect::<Vec<_>>(),
+    )
+    .bind(moved.values().map(|c| c.total_cents).collect::<Vec<_>>())
+    .execute(&mut *tx)
+    .await
+    .context("moving checkpoints")?;
     Ok(())
 }
 
-fn is_not_found(error: &jetstream::stream::ConsumerError) -> bool {
+fn sequence(message: &RawMessage) -> Option<i64> {
+    i64::try_from(message.stream_sequence)
+        .ok()
+        .filter(|s| *s > 0)
+}
+
+pub(crate) fn is_not_found(error: &jetstream::stream::ConsumerError) -> bool {
     matches!(error.kind(), jetstream::stream::ConsumerErrorKind::JetStream(e) if e.error_code() == jetstream::ErrorCode::CONSUMER_NOT_FOUND)
-}
-
-fn raw_message(message: &jetstream::Message) -> RawMessage {
-    RawMessage {
-        stream_sequence: message.info().map(|i| i.stream_sequence).unwrap_or(0),
-        subject: message.subject.to_string(),
-        headers: message.headers.clone(),
-        body: message.payload.clone(),
-    }
-}
-
-/// How long a gap waits before redelivery: longer each time, at most 10 s.
-fn gap_delay(message: &jetstream::Message) -> Duration {
-    let delivered = message.info().map(|i| i.delivered).unwrap_or(1).max(1) as u64;
-    Duration::from_millis((250 * delivered).min(10_000))
 }

@@ -5,28 +5,67 @@
 use anyhow::Context;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
-/// The runner's tables, the same in every projection's schema: per-aggregate checkpoints (moved in the
-/// same transaction as the data) and parked poison messages (kept whole for `redrive`).
+/// The runner's tables, the same in every projection's schema:
+/// - `checkpoints`: per aggregate, the last applied version (moved in the same transaction as the
+///   data), the event that moved it (NULL when an operator released the order past a missing
+///   version) and the order's total, which later events are checked against;
+/// - `held`: events that arrived before their predecessor, acknowledged on the broker and kept here
+///   until it is applied (so no number of gaps can fill the consumer's ack-pending window);
+/// - `parked`: poison, with its reason; headers as JSON bytes (`bytea`: PostgreSQL's JSON types refuse
+///   `\u0000`) and at most the first 64 KiB of the body, with its size and SHA-256;
+/// - `operator_log`: who discarded, released or redrove what, when and why.
 const RUNNER_TABLES: &str = "
     CREATE TABLE IF NOT EXISTS checkpoints (
         aggregate_id UUID        PRIMARY KEY,
         version      BIGINT      NOT NULL,
-        event_id     UUID        NOT NULL,
+        event_id     UUID,
+        total_cents  BIGINT,
         updated_at   TIMESTAMPTZ NOT NULL DEFAULT now()
     );
+    CREATE TABLE IF NOT EXISTS held (
+        aggregate_id    UUID        NOT NULL,
+        version         BIGINT      NOT NULL,
+        event_id        UUID        NOT NULL,
+        stream_sequence BIGINT,
+        subject         TEXT        NOT NULL,
+        headers         BYTEA       NOT NULL,
+        body            BYTEA       NOT NULL,
+        held_at         TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (aggregate_id, version)
+    );
+    CREATE INDEX IF NOT EXISTS held_by_age ON held (held_at);
     CREATE TABLE IF NOT EXISTS parked (
         id                BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         stream_sequence   BIGINT,
         subject           TEXT        NOT NULL,
-        headers           JSONB       NOT NULL,
+        headers           BYTEA       NOT NULL,
         body              BYTEA       NOT NULL,
+        body_size         BIGINT      NOT NULL,
+        body_sha256       BYTEA       NOT NULL,
         reason            TEXT        NOT NULL,
         event_id          UUID,
         aggregate_id      UUID,
         aggregate_version BIGINT,
         parked_at         TIMESTAMPTZ NOT NULL DEFAULT now(),
         redriven_at       TIMESTAMPTZ,
-        redrive_note      TEXT
+        redrive_note      TEXT,
+        discarded_at      TIMESTAMPTZ,
+        discarded_by      TEXT,
+        discard_reason    TEXT
+    );
+    -- An older layout's parked table lacks these columns: `check_layout` names the problem then.
+    DO $$ BEGIN
+        CREATE INDEX IF NOT EXISTS parked_by_aggregate ON parked (aggregate_id, aggregate_version);
+    EXCEPTION WHEN undefined_column THEN NULL;
+    END $$;
+    CREATE TABLE IF NOT EXISTS operator_log (
+        id     BIGINT      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at     TIMESTAMPTZ NOT NULL DEFAULT now(),
+        actor  TEXT        NOT NULL,
+        action TEXT        NOT NULL,
+        target TEXT        NOT NULL,
+        reason TEXT        NOT NULL,
+        detail JSONB       NOT NULL DEFAULT '{}'
     );";
 
 /// Creates the schema and tables if missing and returns a pool whose connections find them first
@@ -56,15 +95,63 @@ pub async fn connect(database_url: &str, schema: &str, tables: &str) -> anyhow::
     Ok(pool)
 }
 
+/// Refuses a schema whose runner tables an older waybill laid out (before the held table, when
+/// `parked.headers` was `jsonb`): `CREATE TABLE IF NOT EXISTS` leaves such tables as they are, and
+/// parking into them would fail. `rebuild` replaces the schema with one in the current layout.
+pub async fn check_layout(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
+    let columns: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns
+         WHERE table_schema = $1 AND (table_name, column_name) IN
+               (('parked', 'headers'), ('parked', 'body_sha256'), ('held', 'subject'),
+                ('checkpoints', 'total_cents'))",
+    )
+    .bind(schema)
+    .fetch_all(pool)
+    .await
+    .with_context(|| format!("reading the layout of schema {schema}"))?;
+    let current = columns.len() == 4
+        && columns
+            .iter()
+            .any(|(t, c, ty)| t == "parked" && c == "headers" && ty == "bytea");
+    anyhow::ensure!(
+        current,
+        "schema {schema} was laid out by an older waybill (no held table, or parked headers as jsonb); \
+         run `rebuild`, which builds the state beside it and then replaces it"
+    );
+    Ok(())
+}
+
 /// Drops and recreates the schema with empty tables (inside the caller's transaction).
 pub async fn reset(tx: &mut PgConnection, schema: &str, tables: &str) -> anyhow::Result<()> {
+    drop(tx, schema).await?;
+    create(tx, schema, tables).await
+}
+
+/// Drops the schema and everything in it, if it exists.
+pub async fn drop(conn: &mut PgConnection, schema: &str) -> anyhow::Result<()> {
     check_name(schema)?;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
     )))
+    .execute(&mut *conn)
+    .await
+    .with_context(|| format!("dropping schema {schema}"))?;
+    Ok(())
+}
+
+/// Puts schema `from` in the place of `to` (inside the caller's transaction): readers that name `to`
+/// see `from`'s tables from the commit on. Connections resolve unqualified names through
+/// `search_path` by schema name, so the live pools follow without reconnecting.
+pub async fn replace(tx: &mut PgConnection, from: &str, to: &str) -> anyhow::Result<()> {
+    check_name(from)?;
+    drop(tx, to).await?;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "ALTER SCHEMA \"{from}\" RENAME TO \"{to}\""
+    )))
     .execute(&mut *tx)
-    .await?;
-    create(tx, schema, tables).await
+    .await
+    .with_context(|| format!("renaming schema {from} to {to}"))?;
+    Ok(())
 }
 
 async fn create(conn: &mut PgConnection, schema: &str, tables: &str) -> anyhow::Result<()> {

@@ -3,13 +3,14 @@
 
 use std::collections::HashMap;
 
-use domain::OrderEvent;
+use domain::{OrderEvent, OrderStatus};
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::decode::Decoded;
-use crate::projection::Projection;
+use crate::http::{Page, PageParams, Problem, checked};
+use crate::projection::{Projection, parse_status};
 
 /// The search projection.
 #[derive(Debug, Clone, Copy, Default)]
@@ -25,7 +26,7 @@ pub struct OrderDocument {
     /// What was ordered.
     pub skus: Vec<String>,
     /// Where it is in its lifecycle.
-    pub status: String,
+    pub status: OrderStatus,
     /// What it costs.
     pub total_cents: i64,
     /// In which currency.
@@ -64,7 +65,7 @@ impl Projection for Search {
                             order_id: id,
                             customer_id: placed.customer_id.to_string(),
                             skus: placed.lines.iter().map(|l| l.sku.to_string()).collect(),
-                            status: "placed".into(),
+                            status: OrderStatus::Placed,
                             total_cents: placed.total_cents,
                             currency: placed.currency.to_string(),
                         },
@@ -72,12 +73,12 @@ impl Projection for Search {
                     changed.push(id);
                     continue;
                 }
-                OrderEvent::Paid(_) => "paid",
-                OrderEvent::Cancelled(_) => "cancelled",
-                OrderEvent::Shipped(_) => "shipped",
+                OrderEvent::Paid(_) => OrderStatus::Paid,
+                OrderEvent::Cancelled(_) => OrderStatus::Cancelled,
+                OrderEvent::Shipped(_) => OrderStatus::Shipped,
             };
             if let Some(document) = documents.get_mut(&id) {
-                document.status = status.to_owned();
+                document.status = status;
                 changed.push(id);
             }
         }
@@ -97,7 +98,7 @@ impl Projection for Search {
         .bind(rows.iter().map(|d| d.order_id).collect::<Vec<_>>())
         .bind(rows.iter().map(|d| d.customer_id.as_str()).collect::<Vec<_>>())
         .bind(rows.iter().map(|d| d.skus.join(" ")).collect::<Vec<_>>())
-        .bind(rows.iter().map(|d| d.status.as_str()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|d| d.status.to_string()).collect::<Vec<_>>())
         .bind(rows.iter().map(|d| d.total_cents).collect::<Vec<_>>())
         .bind(rows.iter().map(|d| d.currency.as_str()).collect::<Vec<_>>())
         .execute(&mut *tx)
@@ -106,27 +107,39 @@ impl Projection for Search {
     }
 }
 
-fn document(row: &sqlx::postgres::PgRow) -> sqlx::Result<OrderDocument> {
-    let skus: String = row.try_get("skus")?;
-    Ok(OrderDocument {
-        order_id: row.try_get("order_id")?,
-        customer_id: row.try_get("customer_id")?,
-        skus: skus.split_whitespace().map(str::to_owned).collect(),
-        status: row.try_get("status")?,
-        total_cents: row.try_get("total_cents")?,
-        currency: row.try_get("currency")?,
-    })
+#[derive(Debug, sqlx::FromRow)]
+struct DocumentRow {
+    order_id: Uuid,
+    customer_id: String,
+    skus: String,
+    status: String,
+    total_cents: i64,
+    currency: String,
+}
+
+impl TryFrom<DocumentRow> for OrderDocument {
+    type Error = sqlx::Error;
+    fn try_from(row: DocumentRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            order_id: row.order_id,
+            customer_id: row.customer_id,
+            skus: row.skus.split_whitespace().map(str::to_owned).collect(),
+            status: parse_status(&row.status)?,
+            total_cents: row.total_cents,
+            currency: row.currency,
+        })
+    }
 }
 
 async fn load(tx: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<HashMap<Uuid, OrderDocument>> {
-    let rows = sqlx::query(
+    let rows: Vec<DocumentRow> = sqlx::query_as(
         "SELECT order_id, customer_id, skus, status, total_cents, currency FROM orders WHERE order_id = ANY($1)",
     )
     .bind(ids)
     .fetch_all(&mut *tx)
     .await?;
-    rows.iter()
-        .map(|r| Ok((r.try_get("order_id")?, document(r)?)))
+    rows.into_iter()
+        .map(|r| Ok((r.order_id, OrderDocument::try_from(r)?)))
         .collect()
 }
 
@@ -137,7 +150,7 @@ pub async fn query(
     limit: i64,
     offset: i64,
 ) -> sqlx::Result<Vec<OrderDocument>> {
-    let rows = sqlx::query(
+    let rows: Vec<DocumentRow> = sqlx::query_as(
         "SELECT order_id, customer_id, skus, status, total_cents, currency
          FROM orders, websearch_to_tsquery('simple', $1) AS q
          WHERE document @@ q
@@ -149,31 +162,60 @@ pub async fn query(
     .bind(offset.max(0))
     .fetch_all(pool)
     .await?;
-    rows.iter().map(document).collect()
+    rows.into_iter().map(OrderDocument::try_from).collect()
 }
 
-/// The read API: `GET /search?q=TEXT[&limit=N][&offset=M]` (at most 500 per page).
+/// The read API: `GET /search?q=TEXT[&limit=N][&cursor=C]`. Results are ranked, so the cursor carries
+/// the position of the next page in the ranking; a document updated between two pages may move.
 pub fn routes(pool: PgPool) -> axum::Router {
+    use axum::extract::rejection::QueryRejection;
     use axum::extract::{Query, State};
-    use axum::http::StatusCode;
     use axum::routing::get;
     #[derive(serde::Deserialize)]
     struct Params {
-        q: String,
+        q: Option<String>,
+        // Not a flattened `PageParams`: serde_urlencoded cannot parse numbers inside a flatten.
         limit: Option<i64>,
-        offset: Option<i64>,
+        cursor: Option<String>,
     }
     async fn find(
         State(pool): State<PgPool>,
-        Query(params): Query<Params>,
-    ) -> Result<axum::Json<Vec<OrderDocument>>, StatusCode> {
-        let limit = params.limit.unwrap_or(50).clamp(1, 500);
-        query(&pool, &params.q, limit, params.offset.unwrap_or(0))
+        params: Result<Query<Params>, QueryRejection>,
+    ) -> Result<axum::Json<Page<OrderDocument>>, Problem> {
+        let Query(params) = params?;
+        let page = PageParams {
+            limit: params.limit,
+            cursor: params.cursor,
+        };
+        let text = checked("q", params.q.as_deref().unwrap_or_default())?;
+        if text.trim().is_empty() {
+            return Err(Problem::bad_request(
+                "q, the text to search for, is missing or empty",
+            ));
+        }
+        let limit = page.limit()?;
+        let offset = match page.cursor()? {
+            None => 0,
+            Some(cursor) => cursor
+                .parse::<i64>()
+                .ok()
+                .filter(|o| *o >= 0)
+                .ok_or_else(|| {
+                    Problem::bad_request(format!("cursor {cursor:?} is not a search cursor"))
+                })?,
+        };
+        let rows = query(&pool, text, limit + 1, offset)
             .await
-            .map(axum::Json)
-            .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)
+            .map_err(|e| Problem::unavailable("searching", &e))?;
+        let mut found = Page::from_rows(rows, limit, |_| String::new());
+        if found.next_cursor.is_some() {
+            found.next_cursor = Some((offset + limit).to_string());
+        }
+        Ok(axum::Json(found))
     }
-    axum::Router::new()
-        .route("/search", get(find))
-        .with_state(pool)
+    crate::http::with_fallbacks(
+        axum::Router::new()
+            .route("/search", get(find))
+            .with_state(pool),
+    )
 }

@@ -1,166 +1,19 @@
 //! The projections against a real PostgreSQL and a real nats-server: exactly once in effect, in
 //! per-aggregate order, poison parked, legacy events upcast, crash between commit and ack, rebuild.
 
+mod common;
+
 use std::time::Duration;
 
-use async_nats::HeaderMap;
-use async_nats::jetstream;
-use domain::{EventEnvelope, EventMeta, OrderEvent, OrderId};
-use ops::NatsServer;
+use common::*;
+use domain::OrderEvent;
 use projections::{
-    Inventory, Points, Projection, Runner, RunnerConfig, Search, Tally, inventory, points, search,
+    Inventory, Points, Projection, RunnerConfig, Search, Verdict, inventory, search,
 };
 use relay::StreamSettings;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
-
-const STREAM: &str = "PROJ_EVENTS";
-const PREFIX: &str = "proj.events";
-
-struct Harness {
-    url: String,
-    nats: NatsServer,
-    jetstream: jetstream::Context,
-}
-
-impl Harness {
-    async fn new(pool: &PgPool) -> Self {
-        let nats = NatsServer::start().expect("nats-server");
-        let client = async_nats::connect(nats.url()).await.expect("connect");
-        let jetstream = jetstream::new(client);
-        let settings = StreamSettings {
-            name: STREAM.into(),
-            subject_prefix: PREFIX.into(),
-            ..Default::default()
-        };
-        relay::ensure_stream(&jetstream, &settings, false)
-            .await
-            .expect("stream");
-        Self {
-            url: testkit::database_url(pool).await,
-            nats,
-            jetstream,
-        }
-    }
-
-    fn config(&self) -> RunnerConfig {
-        RunnerConfig {
-            stream: STREAM.into(),
-            subject_prefix: PREFIX.into(),
-            ack_wait: Duration::from_secs(2),
-            ..RunnerConfig::default()
-        }
-    }
-
-    async fn runner<P: Projection>(&self, projection: P, config: RunnerConfig) -> Runner<P> {
-        Runner::connect(projection, &self.url, &self.nats.url(), config)
-            .await
-            .expect("runner")
-    }
-
-    /// Consumes with projection `P` until nothing is pending.
-    async fn consume<P: Projection>(&self, projection: P) -> Tally {
-        self.runner(projection, self.config())
-            .await
-            .run(std::future::pending(), true, |_| {})
-            .await
-            .expect("run")
-    }
-
-    /// Publishes `body` as the relay would, with `msg_id` as the dedupe id.
-    async fn publish_raw(&self, subject: &str, body: Vec<u8>, msg_id: &str) {
-        let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", msg_id);
-        self.jetstream
-            .publish_with_headers(subject.to_owned(), headers, body.into())
-            .await
-            .expect("publish")
-            .await
-            .expect("puback");
-    }
-
-    async fn publish(&self, envelope: &EventEnvelope) {
-        self.publish_with_id(envelope, &envelope.event_id.to_string())
-            .await;
-    }
-
-    async fn publish_with_id(&self, envelope: &EventEnvelope, msg_id: &str) {
-        let subject = domain::wire::subject(PREFIX, envelope).expect("subject");
-        self.publish_raw(&subject, envelope.to_json(), msg_id).await;
-    }
-}
-
-fn envelope(order: OrderId, version: i64, event: &OrderEvent) -> EventEnvelope {
-    let meta = EventMeta {
-        event_id: Uuid::now_v7(),
-        occurred_at: chrono::Utc::now(),
-        correlation_id: None,
-        causation_id: None,
-    };
-    EventEnvelope::wrap(event, order, version, meta)
-}
-
-fn placed(customer: &str, lines: &[&str]) -> OrderEvent {
-    domain::Order::new(OrderId::from_uuid(Uuid::now_v7()))
-        .decide(&testkit::place(customer, lines))
-        .expect("valid order")
-        .remove(0)
-}
-
-fn paid(cents: i64) -> OrderEvent {
-    OrderEvent::Paid(domain::OrderPaid {
-        amount_cents: domain::Cents::new(cents).expect("cents"),
-        payment_ref: None,
-    })
-}
-
-fn cancelled() -> OrderEvent {
-    OrderEvent::Cancelled(domain::OrderCancelled {
-        reason: domain::Note::parse("changed my mind").expect("note"),
-    })
-}
-
-fn shipped() -> OrderEvent {
-    OrderEvent::Shipped(domain::OrderShipped {
-        carrier: domain::Note::parse("DHL").expect("note"),
-        tracking_number: domain::Note::parse("T1").expect("note"),
-    })
-}
-
-fn new_order() -> OrderId {
-    OrderId::from_uuid(Uuid::now_v7())
-}
-
-async fn stock_of(pool: &PgPool, sku: &str) -> Option<(i64, i64, i64)> {
-    let pool = projections::schema::connect(
-        &testkit::database_url(pool).await,
-        Inventory::NAME,
-        Inventory::TABLES,
-    )
-    .await
-    .expect("inventory pool");
-    inventory::stock(&pool, Some(sku))
-        .await
-        .expect("stock")
-        .pop()
-        .map(|s| (s.reserved, s.shipped, s.released))
-}
-
-async fn balance_of(pool: &PgPool, customer: &str) -> Option<i64> {
-    let pool = projections::schema::connect(
-        &testkit::database_url(pool).await,
-        Points::NAME,
-        Points::TABLES,
-    )
-    .await
-    .expect("points pool");
-    points::accounts(&pool, Some(customer))
-        .await
-        .expect("accounts")
-        .pop()
-        .map(|a| a.balance)
-}
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn the_projections_follow_the_order_lifecycle(pool: PgPool) {
@@ -191,7 +44,7 @@ async fn the_projections_follow_the_order_lifecycle(pool: PgPool) {
         h.consume(Search).await,
     ] {
         assert_eq!(
-            (tally.applied, tally.duplicates, tally.gaps, tally.parked),
+            (tally.applied, tally.duplicates, tally.held, tally.parked),
             (7, 0, 0, 0),
             "{tally:?}"
         );
@@ -230,17 +83,16 @@ async fn the_projections_follow_the_order_lifecycle(pool: PgPool) {
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn the_same_event_delivered_twice_changes_the_projection_once(pool: PgPool) {
-    let h = Harness::new(&pool).await;
+    // JetStream forgets a message id after its dedupe window: a copy published later is stored again.
+    let h = Harness::with_duplicate_window(&pool, Duration::from_millis(300)).await;
     let order = new_order();
     let first = envelope(order, 1, &placed("alice", &["MUG:2:1250"]));
     let second = envelope(order, 2, &paid(2500));
-    // Published twice under different message ids: JetStream cannot dedupe them.
-    for event in [&first, &second] {
-        h.publish(event).await;
-        h.publish_with_id(event, &format!("{}-again", event.event_id))
-            .await;
-        h.publish_with_id(event, &format!("{}-thrice", event.event_id))
-            .await;
+    for _copy in 0..3 {
+        for event in [&first, &second] {
+            h.publish(event).await;
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
     }
     for tally in [h.consume(Inventory).await, h.consume(Points).await] {
         assert_eq!((tally.applied, tally.duplicates), (2, 4), "{tally:?}");
@@ -267,8 +119,14 @@ async fn version_2_before_version_1_ends_with_both_applied_in_order(pool: PgPool
         .run(std::future::pending(), true, |_| {})
         .await
         .expect("run");
-    assert!(tally.gaps >= 1, "version 2 waited: {tally:?}");
-    assert_eq!(tally.applied, 2, "{tally:?}");
+    assert_eq!(
+        tally.held, 1,
+        "version 2 waited in the held table: {tally:?}"
+    );
+    assert_eq!(
+        tally.applied, 1,
+        "version 1 was delivered, version 2 applied behind it: {tally:?}"
+    );
     assert_eq!(
         balance_of(&pool, "alice").await,
         Some(25),
@@ -342,11 +200,12 @@ async fn poison_is_parked_and_the_events_around_it_are_applied(pool: PgPool) {
     h.publish(&envelope(good, 1, &placed("alice", &["MUG:1:1250"])))
         .await;
     h.publish_raw(
-        &format!("{PREFIX}.order.placed.{}", Uuid::now_v7()),
+        &format!("{PREFIX}.order.{}", Uuid::now_v7()),
         b"\x00\x01 not json at all".to_vec(),
         "garbage",
     )
     .await;
+    // Published by a newer relay: the headers agree with the bodies this code cannot read.
     let mut unknown = envelope(new_order(), 1, &placed("bob", &["TEA:1:1"]));
     unknown.event_type = "order.teleported".into();
     h.publish(&unknown).await;
@@ -374,7 +233,7 @@ async fn poison_is_parked_and_the_events_around_it_are_applied(pool: PgPool) {
     );
 
     let parked: Vec<(String, Vec<u8>, Value)> = sqlx::query_as(
-        "SELECT reason, body, headers FROM inventory.parked ORDER BY stream_sequence",
+        "SELECT reason, body, convert_from(headers, 'UTF8')::json FROM inventory.parked ORDER BY stream_sequence",
     )
     .fetch_all(&pool)
     .await
@@ -394,8 +253,21 @@ async fn poison_is_parked_and_the_events_around_it_are_applied(pool: PgPool) {
         parked[2].0
     );
 
-    // Redrive cannot help yet: this code still does not know them.
-    assert_eq!(runner.redrive().await.expect("redrive"), (0, 3));
+    // Redrive cannot help yet: this code still does not know them, and says so for each.
+    let report = runner.redrive().await.expect("redrive");
+    assert_eq!(report.len(), 3);
+    assert!(
+        report.iter().all(|r| r.outcome == Verdict::Parked),
+        "{report:?}"
+    );
+    assert!(
+        report[1]
+            .reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("unknown event type"),
+        "{report:?}"
+    );
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
@@ -411,16 +283,32 @@ async fn redrive_applies_a_parked_message_the_code_now_understands(pool: PgPool)
         .expect("run");
     // As if an older build had parked this payment (say, before it knew order.paid).
     let payment = envelope(order, 2, &paid(1250));
-    sqlx::query("INSERT INTO points.parked (subject, headers, body, reason) VALUES ('s', '{}', $1, 'unknown event type')")
-        .bind(payment.to_json())
-        .execute(&pool)
-        .await
-        .expect("parked row");
-    assert_eq!(runner.redrive().await.expect("redrive"), (1, 0));
+    let headers = serde_json::to_vec(
+        &projections::RawMessage {
+            stream_sequence: 2,
+            subject: subject(&payment),
+            headers: Some(projections::decode::relay_headers(&payment)),
+            body: payment.to_json().into(),
+        }
+        .headers_json(),
+    )
+    .expect("json");
+    sqlx::query(
+        "INSERT INTO points.parked (subject, headers, body, body_size, body_sha256, reason)
+         VALUES ($1, $2, $3, octet_length($3), sha256($3), 'unknown event type')",
+    )
+    .bind(subject(&payment))
+    .bind(headers)
+    .bind(payment.to_json())
+    .execute(&pool)
+    .await
+    .expect("parked row");
+    let report = runner.redrive().await.expect("redrive");
+    assert_eq!(report.len(), 1);
+    assert_eq!(report[0].outcome, Verdict::Applied, "{report:?}");
     assert_eq!(balance_of(&pool, "alice").await, Some(12));
-    assert_eq!(
-        runner.redrive().await.expect("again"),
-        (0, 0),
+    assert!(
+        runner.redrive().await.expect("again").is_empty(),
         "nothing left to redrive"
     );
 }
@@ -582,42 +470,6 @@ async fn run_once_ends_even_when_a_gap_never_closes(pool: PgPool) {
         .await
         .expect("--once must end")
         .expect("run");
-    assert_eq!(tally.applied, 1, "{tally:?}");
-    assert!(tally.gaps >= 1, "{tally:?}");
+    assert_eq!((tally.applied, tally.held), (1, 1), "{tally:?}");
     assert_eq!(stock_of(&pool, "TEA").await, Some((1, 0, 0)));
-}
-
-#[sqlx::test(migrator = "store::MIGRATOR")]
-async fn a_message_the_database_cannot_store_is_parked_alone(pool: PgPool) {
-    let h = Harness::new(&pool).await;
-    // An unknown payload field named NUL: the parking reason quotes it, and PostgreSQL text cannot hold
-    // NUL. The message must still be parked, and its neighbours applied.
-    let order = new_order();
-    h.publish(&envelope(order, 1, &placed("alice", &["MUG:1:100"])))
-        .await;
-    let mut hostile = envelope(order, 2, &paid(100));
-    hostile.payload["\u{0}"] = json!(1);
-    let mut headers = HeaderMap::new();
-    headers.insert("Nats-Msg-Id", "hostile");
-    headers.insert("X-Nul", "a\u{0}b");
-    h.jetstream
-        .publish_with_headers(
-            domain::wire::subject(PREFIX, &hostile).expect("subject"),
-            headers,
-            hostile.to_json().into(),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("ack");
-    h.publish(&envelope(new_order(), 1, &placed("bob", &["TEA:1:500"])))
-        .await;
-
-    let tally = h.consume(Inventory).await;
-    assert_eq!((tally.applied, tally.parked), (2, 1), "{tally:?}");
-    let reason: String = sqlx::query_scalar("SELECT reason FROM inventory.parked")
-        .fetch_one(&pool)
-        .await
-        .expect("parked");
-    assert!(reason.contains("unknown field"), "{reason}");
 }

@@ -20,7 +20,8 @@ const ABOUT: &str = "waybill-inventory: keeps per-SKU stock counters from the or
     `reserved` counts units in placed or paid orders not yet shipped or cancelled, `shipped` \
     units shipped, `released` units of cancelled orders. State lives in the `inventory` schema \
     of DATABASE_URL, next to its per-order checkpoints; events come from the durable consumer \
-    `inventory`. With --metrics-listen, `run` also serves GET /stock and /stock/{sku}. Exit \
+    `inventory`. With --listen, `run` serves GET /stock and /stock/{sku} (paged: limit, cursor); \
+    --metrics-listen serves /metrics and /health on their own address. Exit \
     codes: 0 success, 2 refused input, 1 failure.";
 
 #[tokio::main]

@@ -19,8 +19,8 @@ enum Read {
 const ABOUT: &str = "waybill-points: one point per 100 cents paid, taken back when a paid order is cancelled.\n\n\
     Every change is a ledger entry keyed by the event that caused it; a balance is the sum of \
     its ledger. State lives in the `points` schema of DATABASE_URL; events come from the \
-    durable consumer `points`. With --metrics-listen, `run` also serves GET /customers and \
-    /customers/{id}. Exit codes: 0 success, 2 refused input, 1 failure.";
+    durable consumer `points`. With --listen, `run` serves GET /customers and \
+    /customers/{id} (paged: limit, cursor); --metrics-listen serves /metrics and /health. Exit codes: 0 success, 2 refused input, 1 failure.";
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -22,7 +22,8 @@ const ABOUT: &str = "waybill-search: one document per order (customer, SKUs, sta
     by text.\n\n\
     Queries use web-search syntax: words, \"quoted phrases\", -excluded words, `or`. State lives in \
     the `search` schema of DATABASE_URL; events come from the durable consumer `search`. With \
-    --metrics-listen, `run` also serves GET /search?q=TEXT. Exit codes: 0 success, 2 refused \
+    --listen, `run` serves GET /search?q=TEXT (paged: limit, cursor); --metrics-listen serves /metrics \
+    and /health. Exit codes: 0 success, 2 refused \
     input, 1 failure.";
 
 #[tokio::main]
@@ -42,7 +43,7 @@ async fn main() -> ExitCode {
                 println!(
                     "{}  {:<10} {:>10} {}  {}  {}",
                     d.order_id,
-                    d.status,
+                    d.status.to_string(),
                     d.total_cents,
                     d.currency,
                     d.customer_id,

@@ -31,10 +31,11 @@ pub struct Wiring {
 pub struct Fleet {
     /// The order service's base URL.
     pub api: String,
-    /// Where the order service answers /health (its metrics listener).
-    api_health: String,
     /// Each projection's name and the base URL of its read API.
     pub reads: Vec<(&'static str, String)>,
+    /// Base URLs answering `/health`: the order service's, and each projection process's metrics
+    /// address (the read APIs serve no `/health`).
+    health: Vec<String>,
     wiring: Wiring,
     running: Running,
 }
@@ -101,7 +102,8 @@ impl Fleet {
                     config.clone(),
                 )
                 .await?;
-                let routes = $routes(runner.pool().clone()).merge(telemetry.clone());
+                // The read API alone: metrics and health live on their own address.
+                let routes = $routes(runner.pool().clone());
                 let address = ops::serve(local(), routes, stopped()).await?;
                 reads.push((name_of(&$projection), format!("http://{address}")));
                 let shutdown = stopped();
@@ -117,8 +119,8 @@ impl Fleet {
         projection!(Search, projections::search::routes);
         Ok(Self {
             api: format!("http://{api}"),
-            api_health: format!("http://{api}"),
             reads,
+            health: vec![format!("http://{api}")],
             wiring,
             running: Running::Tasks { stop, tasks },
         })
@@ -142,11 +144,20 @@ impl Fleet {
             serve.spawn().context("starting waybill serve")?,
         ));
         let mut reads = Vec::new();
+        // The order service answers /health on its metrics listener.
+        let mut health = vec![format!("http://127.0.0.1:{api_metrics_port}")];
         for name in [Inventory::NAME, Points::NAME, Search::NAME] {
-            let port = ops::free_port()?;
+            let (port, metrics_port) = (ops::free_port()?, ops::free_port()?);
             let mut projection =
                 command(&binary(&format!("waybill-{name}"))?, &wiring, &logs, name)?;
-            projection.args(["run", "--metrics-listen", &format!("127.0.0.1:{port}")]);
+            projection.args([
+                "run",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--metrics-listen",
+                &format!("127.0.0.1:{metrics_port}"),
+            ]);
+            health.push(format!("http://127.0.0.1:{metrics_port}"));
             children.push((
                 format!("waybill-{name}"),
                 projection
@@ -157,8 +168,8 @@ impl Fleet {
         }
         Ok(Self {
             api: format!("http://127.0.0.1:{api_port}"),
-            api_health: format!("http://127.0.0.1:{api_metrics_port}"),
             reads,
+            health,
             wiring,
             running: Running::Processes { children, logs },
         })
@@ -247,9 +258,7 @@ impl Fleet {
 
     async fn wait_healthy(&mut self) -> anyhow::Result<()> {
         let client = reqwest::Client::new();
-        let mut bases = vec![self.api_health.clone()];
-        bases.extend(self.reads.iter().map(|(_, base)| base.clone()));
-        for base in bases {
+        for base in self.health.clone() {
             let mut healthy = false;
             for _ in 0..300 {
                 if let Running::Processes { children, logs } = &mut self.running {

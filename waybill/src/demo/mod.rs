@@ -204,7 +204,8 @@ async fn play_and_check(
         ),
     );
 
-    // 4. A duplicate publish JetStream cannot catch: same event, another message id.
+    // 4. A duplicate publish JetStream cannot catch: same event, another message id. The projections
+    //    refuse a message whose id is not its event id (they park it), so the order counts once.
     wait_for(
         || async { copies_in_stream(js, first_event).await.unwrap_or(0) >= 1 },
         Duration::from_secs(10),
@@ -214,7 +215,7 @@ async fn play_and_check(
     step(
         started,
         &format!(
-            "published order {first}'s first event again under another Nats-Msg-Id: the projections must count it once"
+            "published order {first}'s first event again under another Nats-Msg-Id: the projections must count it once (they park a message whose id is not its event id)"
         ),
     );
 

@@ -74,13 +74,7 @@ pub async fn projected(reads: &[(&'static str, String)]) -> anyhow::Result<Truth
             .unwrap_or_default()
     };
     let mut truth = Truth::default();
-    let stock: Value = client
-        .get(url("inventory", "/stock"))
-        .send()
-        .await?
-        .json()
-        .await?;
-    for s in stock.as_array().into_iter().flatten() {
+    for s in all_pages(&client, &url("inventory", "/stock?limit=500")).await? {
         let counters = (
             s["reserved"].as_i64().unwrap_or(0),
             s["shipped"].as_i64().unwrap_or(0),
@@ -90,45 +84,49 @@ pub async fn projected(reads: &[(&'static str, String)]) -> anyhow::Result<Truth
             .stock
             .insert(s["sku"].as_str().unwrap_or("").to_owned(), counters);
     }
-    let accounts: Value = client
-        .get(url("points", "/customers"))
-        .send()
-        .await?
-        .json()
-        .await?;
-    for a in accounts.as_array().into_iter().flatten() {
+    for a in all_pages(&client, &url("points", "/customers?limit=500")).await? {
         truth.points.insert(
             a["customer_id"].as_str().unwrap_or("").to_owned(),
             a["balance"].as_i64().unwrap_or(0),
         );
     }
     for status in ["placed", "paid", "shipped", "cancelled"] {
-        // Page through the results: a long story has more orders in one status than a page holds.
-        let mut ids = BTreeSet::new();
-        for page in 0.. {
-            let path = format!("/search?q={status}&limit=500&offset={}", page * 500);
-            let found: Value = client
-                .get(url("search", &path))
-                .send()
-                .await?
-                .json()
-                .await?;
-            let documents = found.as_array().cloned().unwrap_or_default();
-            ids.extend(
-                documents
-                    .iter()
-                    .filter(|d| d["status"] == status)
-                    .filter_map(|d| d["order_id"].as_str().and_then(|s| Uuid::parse_str(s).ok())),
-            );
-            if documents.len() < 500 {
-                break;
-            }
-        }
+        // Every page: a long story has more orders in one status than a page holds.
+        let documents = all_pages(
+            &client,
+            &url("search", &format!("/search?q={status}&limit=500")),
+        )
+        .await?;
+        let ids: BTreeSet<Uuid> = documents
+            .iter()
+            .filter(|d| d["status"] == status)
+            .filter_map(|d| d["order_id"].as_str().and_then(|s| Uuid::parse_str(s).ok()))
+            .collect();
         if !ids.is_empty() {
             truth.statuses.insert(status.to_owned(), ids);
         }
     }
     Ok(truth)
+}
+
+/// Every item of a paged list (`{items, next_cursor}`), following the cursors from `first`.
+async fn all_pages(client: &Client, first: &str) -> anyhow::Result<Vec<Value>> {
+    let mut items = Vec::new();
+    let mut url = first.to_owned();
+    loop {
+        let page: Value = client
+            .get(&url)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        items.extend(page["items"].as_array().cloned().unwrap_or_default());
+        match page["next_cursor"].as_str() {
+            Some(cursor) => url = format!("{first}&cursor={cursor}"),
+            None => return Ok(items),
+        }
+    }
 }
 
 /// Prints the comparison; returns the number of disagreements.

@@ -1,0 +1,256 @@
+//! Consuming: pull batches from the durable consumer, apply each in one transaction, then settle every
+//! message with the broker. Applied, duplicate and held messages are acked, parked ones terminated:
+//! only a failing database leaves a message unacknowledged, so no number of gaps or poison messages
+//! can fill the consumer's ack-pending window. A batch that fails is applied again message by message,
+//! so the one bad message is parked alone and the others go through.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+
+use crate::decode::{Poison, RawMessage};
+use crate::metrics;
+use crate::park::{self, ParkRecord};
+use crate::plan::Verdict;
+use crate::projection::Projection;
+use crate::runner::{FailPoint, Runner, Tally};
+
+/// With `--once`: how long the database may keep failing (nothing settled) before the run gives up
+/// waiting for the unacknowledged messages.
+const STUCK_AFTER: Duration = Duration::from_secs(10);
+
+impl<P: Projection> Runner<P> {
+    /// Consumes until `shutdown` resolves (or, with `once`, until nothing more can be applied: nothing
+    /// is left to deliver and nothing is unacknowledged).
+    pub async fn run(
+        &self,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+        once: bool,
+        mut progress: impl FnMut(&Tally) + Send,
+    ) -> anyhow::Result<Tally> {
+        metrics::describe();
+        crate::schema::check_layout(&self.pool, &self.schema).await?;
+        tokio::pin!(shutdown);
+        let mut tally = Tally::default();
+        // When a batch last settled anything: only a failing database settles nothing.
+        let mut last_progress = Instant::now();
+        'connect: loop {
+            let consumer = match self.consumer().await {
+                Ok(consumer) => consumer,
+                Err(error) if !once => {
+                    tracing::warn!(
+                        error = format!("{error:#}"),
+                        consumer = %self.consumer_name,
+                        "consumer unavailable; retrying in 2 s"
+                    );
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(tally),
+                        () = tokio::time::sleep(Duration::from_secs(2)) => continue 'connect,
+                    }
+                }
+                Err(error) => return Err(error),
+            };
+            let mut messages = consumer
+                .stream()
+                .max_messages_per_batch(self.config.batch_size.max(1))
+                .messages()
+                .await
+                .context("opening the consumer's message stream")?;
+            loop {
+                let first = tokio::select! {
+                    () = &mut shutdown => return Ok(tally),
+                    next = tokio::time::timeout(Duration::from_secs(1), messages.next()) => next,
+                };
+                let first = match first {
+                    Ok(Some(Ok(message))) => message,
+                    Ok(Some(Err(error))) => {
+                        tracing::warn!(%error, "consumer stream error; reconnecting");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue 'connect;
+                    }
+                    Ok(None) => continue 'connect,
+                    Err(_idle) => {
+                        if once && self.caught_up(last_progress).await? {
+                            return Ok(tally);
+                        }
+                        continue;
+                    }
+                };
+                let mut batch = vec![first];
+                while batch.len() < self.config.batch_size {
+                    match tokio::time::timeout(self.config.linger, messages.next()).await {
+                        Ok(Some(Ok(message))) => batch.push(message),
+                        _ => break,
+                    }
+                }
+                let report = self.handle(batch).await;
+                let settled = report.messages > 0;
+                if settled {
+                    last_progress = Instant::now();
+                }
+                tally.merge(&report);
+                progress(&tally);
+                if once && !settled && self.caught_up(last_progress).await? {
+                    return Ok(tally);
+                }
+            }
+        }
+    }
+
+    /// With `--once`: true when the consumer has nothing left to deliver and nothing unacknowledged —
+    /// or when the database has settled nothing for [`STUCK_AFTER`] (the messages stay on the broker).
+    async fn caught_up(&self, last_progress: Instant) -> anyhow::Result<bool> {
+        let (pending, ack_pending) = self.lag().await?;
+        if pending > 0 {
+            return Ok(false);
+        }
+        if ack_pending == 0 {
+            return Ok(true);
+        }
+        let stuck = last_progress.elapsed() > STUCK_AFTER;
+        if stuck {
+            tracing::warn!(
+                unacknowledged = ack_pending,
+                "messages stay unacknowledged because the database keeps failing; ending the run"
+            );
+        }
+        Ok(stuck)
+    }
+
+    /// Applies one batch and settles every message with the broker.
+    async fn handle(&self, batch: Vec<jetstream::Message>) -> Tally {
+        let started = Instant::now();
+        let raw: Vec<RawMessage> = batch.iter().map(raw_message).collect();
+        let verdicts: Vec<Option<Verdict>> = match self.apply_batch(&raw).await {
+            Ok(verdicts) => verdicts.into_iter().map(Some).collect(),
+            Err(error) => {
+                // Nothing was committed. One message may be to blame: apply them one by one, so
+                // the others go through and the culprit alone is parked.
+                tracing::warn!(
+                    projection = P::NAME,
+                    error = format!("{error:#}"),
+                    messages = batch.len(),
+                    first_sequence = raw.first().map(|m| m.stream_sequence),
+                    "applying a batch failed; applying its messages one by one"
+                );
+                let mut verdicts = Vec::with_capacity(raw.len());
+                for message in &raw {
+                    verdicts.push(self.apply_alone(message).await);
+                }
+                verdicts
+            }
+        };
+        if self.config.fail_point == FailPoint::AbortAfterCommit {
+            tracing::warn!("fail point: aborting after the commit, before acking");
+            std::process::abort();
+        }
+        for (message, verdict) in batch.iter().zip(&verdicts) {
+            let kind = match verdict {
+                Some(Verdict::Applied | Verdict::Duplicate | Verdict::Held) => AckKind::Ack,
+                Some(Verdict::Parked) => AckKind::Term,
+                // Neither applied nor parked (the database is failing): try again shortly.
+                None => AckKind::Nak(Some(Duration::from_secs(1))),
+            };
+            if let Err(error) = message.ack_with(kind).await {
+                // A lost ack means a redelivery, which the checkpoint absorbs.
+                tracing::debug!(%error, "ack failed");
+            }
+        }
+        let mut tally = Tally::default();
+        tally.count(&verdicts.iter().flatten().copied().collect::<Vec<_>>());
+        metrics::record_batch(P::NAME, &tally, started.elapsed());
+        tracing::debug!(projection = P::NAME, ?tally, "batch");
+        tally
+    }
+
+    /// Applies one message on its own. A message that fails twice while the database answers is
+    /// parked with the error as its reason (a transient failure rarely repeats); if even parking fails,
+    /// `None`: the broker redelivers it later.
+    async fn apply_alone(&self, message: &RawMessage) -> Option<Verdict> {
+        let mut last_error = String::new();
+        for attempt in 0..2 {
+            match self.apply_batch(std::slice::from_ref(message)).await {
+                Ok(verdicts) => return verdicts.first().copied(),
+                Err(error) if unreachable_database(&error) => {
+                    // Not the message's fault: it must not be parked for it. The broker redelivers.
+                    tracing::warn!(
+                        projection = P::NAME,
+                        stream_sequence = message.stream_sequence,
+                        error = format!("{error:#}"),
+                        "the database is unreachable; leaving the message to the broker"
+                    );
+                    return None;
+                }
+                Err(error) => last_error = format!("{error:#}"),
+            }
+            if attempt == 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let poison = Poison {
+            reason: format!("applying it failed: {last_error}"),
+            event_id: None,
+            aggregate_id: None,
+            aggregate_version: None,
+        };
+        let parked = async {
+            let mut conn = self.pool.acquire().await?;
+            park::park(&mut conn, &ParkRecord::new(message, poison)).await
+        };
+        match parked.await {
+            Ok(()) => Some(Verdict::Parked),
+            Err(error) => {
+                tracing::error!(
+                    projection = P::NAME,
+                    stream_sequence = message.stream_sequence,
+                    error = format!("{error:#}"),
+                    apply_error = %last_error,
+                    "cannot park a message that keeps failing; the broker will redeliver it"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// True when the database could not be reached at all (connection, pool, protocol), as opposed to a
+/// statement it refused: only the latter can be a message's fault.
+fn unreachable_database(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<sqlx::Error>(),
+            Some(
+                sqlx::Error::Io(_)
+                    | sqlx::Error::Tls(_)
+                    | sqlx::Error::Protocol(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::WorkerCrashed
+            )
+        )
+    })
+}
+
+fn raw_message(message: &jetstream::Message) -> RawMessage {
+    RawMessage {
+        stream_sequence: message.info().map(|i| i.stream_sequence).unwrap_or(0),
+        subject: message.subject.to_string(),
+        headers: message.headers.clone(),
+        body: message.payload.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unreachable_database_spares_the_message() {
+        let closed = anyhow::Error::from(sqlx::Error::PoolClosed).context("applying a batch");
+        assert!(unreachable_database(&closed));
+        let refused = anyhow::Error::from(sqlx::Error::RowNotFound).context("applying a batch");
+        assert!(!unreachable_database(&refused));
+    }
+}
