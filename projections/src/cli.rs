@@ -90,14 +90,9 @@ pub struct Connection {
     )]
     pub database_url: String,
 
-    /// NATS server URL.
-    #[arg(
-        long,
-        env = "NATS_URL",
-        default_value = "nats://127.0.0.1:4222",
-        global = true
-    )]
-    pub nats_url: String,
+    /// The NATS server, credentials and TLS.
+    #[command(flatten)]
+    pub nats: ops::NatsConnection,
 
     /// JetStream stream the relay publishes into.
     #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM, global = true)]
@@ -277,7 +272,7 @@ pub async fn run_common<P: Projection>(
         Runner::connect(
             projection,
             &connection.database_url,
-            &connection.nats_url,
+            connection.nats.clone(),
             config,
         )
         .await?,

@@ -139,16 +139,11 @@ impl<P: Projection> Runner<P> {
     pub async fn connect(
         projection: P,
         database_url: &str,
-        nats_url: &str,
+        nats: impl Into<ops::NatsConnection>,
         config: RunnerConfig,
     ) -> anyhow::Result<Self> {
         let pool = schema::connect(database_url, P::NAME, P::TABLES).await?;
-        let client = async_nats::ConnectOptions::new()
-            .name(format!("waybill-{}", P::NAME))
-            .connection_timeout(Duration::from_secs(5))
-            .connect(nats_url)
-            .await
-            .with_context(|| format!("connecting to NATS at {nats_url}"))?;
+        let client = nats.into().connect(&format!("waybill-{}", P::NAME)).await?;
         Ok(Self {
             projection: Arc::new(projection),
             pool,

@@ -5,8 +5,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull};
@@ -15,105 +14,7 @@ use futures::StreamExt;
 use ops::{NatsConnection, NatsServer};
 use sqlx::PgPool;
 
-const RELAY_PASSWORD: &str = "relay-Secret-1";
-const INVENTORY_PASSWORD: &str = "inventory-Secret-2";
-
-/// A self-signed CA and a server certificate for 127.0.0.1, made with the openssl command.
-fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let run = |args: &[&str]| {
-        let status = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("openssl runs");
-        assert!(status.success(), "openssl {args:?}");
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=waybill test CA",
-        "-keyout",
-        "ca-key.pem",
-        "-out",
-        "ca.pem",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "server-key.pem",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("ext");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca-key.pem",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.pem",
-    ]);
-    (
-        dir.join("ca.pem"),
-        dir.join("server.pem"),
-        dir.join("server-key.pem"),
-    )
-}
-
-/// The shipped accounts, renamed to the test's stream and prefix, behind TLS.
-fn secure_server(dir: &Path) -> (NatsServer, PathBuf) {
-    let (ca, cert, key) = certificates(dir);
-    let shipped = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/nats/accounts.conf"
-    ))
-    .expect("the shipped accounts.conf");
-    let accounts = shipped
-        .replace("WAYBILL_EVENTS", STREAM)
-        .replace("waybill.events", PREFIX)
-        .replace("$WAYBILL_RELAY_PASSWORD", &format!("\"{RELAY_PASSWORD}\""))
-        .replace(
-            "$WAYBILL_INVENTORY_PASSWORD",
-            &format!("\"{INVENTORY_PASSWORD}\""),
-        )
-        .replace("$WAYBILL_POINTS_PASSWORD", "\"points-pw\"")
-        .replace("$WAYBILL_SEARCH_PASSWORD", "\"search-pw\"")
-        .replace("$WAYBILL_ADMIN_PASSWORD", "\"admin-pw\"");
-    let config = format!(
-        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n{accounts}",
-        cert.display(),
-        key.display()
-    );
-    (
-        NatsServer::start_with_config(&config).expect("secure nats-server"),
-        ca,
-    )
-}
+use testkit::secure_nats::{INVENTORY_PASSWORD, RELAY_PASSWORD, SecureNats};
 
 fn as_user(url: &str, user: &str, password: &str, ca: &Path) -> NatsConnection {
     NatsConnection {
@@ -125,9 +26,8 @@ fn as_user(url: &str, user: &str, password: &str, ca: &Path) -> NatsConnection {
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn the_shipped_permissions_let_each_process_do_its_job_and_nothing_more(pool: PgPool) {
-    let dir = ops::unique_temp_dir("waybill-tls", 0).expect("temp dir");
-    let (nats, ca) = secure_server(&dir);
-    let url = nats.url();
+    let secure = SecureNats::start(STREAM, PREFIX);
+    let (url, ca) = (secure.server.url(), secure.ca.clone());
     let h = Harness::with_nats(pool, NatsServer::start().expect("unused plain server")).await;
     let order = testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
     testkit::pay_order(&h.store, order).await;
@@ -227,7 +127,6 @@ async fn the_shipped_permissions_let_each_process_do_its_job_and_nothing_more(po
         "{message}"
     );
     assert!(!message.contains("wrong-password-XYZ"), "{message}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

@@ -1,0 +1,95 @@
+//! The whole pipeline on a private nats-server with TLS and the shipped accounts: the relay publishes as
+//! `relay` over `tls://`, `waybill-inventory` applies as `inventory` (trusting the server through
+//! NATS_CA), and neither a failed login nor `--help` prints a password.
+
+mod common;
+
+use common::{PREFIX, STREAM, stock_of};
+use relay::{Relay, RelayConfig, StreamSettings};
+use sqlx::PgPool;
+use store::EventStore;
+use testkit::secure_nats::{INVENTORY_PASSWORD, RELAY_PASSWORD, SecureNats};
+
+fn inventory(
+    url: &str,
+    nats_url: &str,
+    ca: &std::path::Path,
+    args: &[&str],
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-inventory"));
+    command
+        .args(["--stream", STREAM, "--subject-prefix", PREFIX])
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("NATS_URL", nats_url)
+        .env("NATS_CA", ca)
+        .env("RUST_LOG", "warn");
+    command
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn the_pipeline_runs_over_tls_with_a_user_per_process(pool: PgPool) {
+    let secure = SecureNats::start(STREAM, PREFIX);
+    let url = testkit::database_url(&pool).await;
+    let store = EventStore::new(pool.clone());
+    let order = testkit::place_order(&store, "alice", &["MUG:2:1250"]).await;
+    testkit::pay_order(&store, order).await;
+
+    let relay_nats = ops::NatsConnection {
+        ca: Some(secure.ca.clone()),
+        ..ops::NatsConnection::from(secure.url_for("relay", RELAY_PASSWORD))
+    };
+    let config = RelayConfig {
+        stream: StreamSettings {
+            name: STREAM.into(),
+            subject_prefix: PREFIX.into(),
+            ..StreamSettings::default()
+        },
+        ..RelayConfig::default()
+    };
+    let relay = Relay::connect(&url, relay_nats, config)
+        .await
+        .expect("relay over TLS");
+    relay.provision(false).await.expect("provision");
+    assert_eq!(relay.drain().await.expect("drain").marked_sent, 2);
+
+    let inventory_url = secure.url_for("inventory", INVENTORY_PASSWORD);
+    let output = inventory(
+        &url,
+        &inventory_url,
+        &secure.ca,
+        &["--json", "run", "--once"],
+    )
+    .output()
+    .await
+    .expect("waybill-inventory runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        stock_of(&pool, "MUG").await,
+        Some((2, 0, 0)),
+        "reserved by the paid order"
+    );
+
+    // A wrong password: exit 1, a clear error, and the password nowhere.
+    let wrong = secure.url_for("inventory", "Wrong-Secret-9");
+    let failed = inventory(&url, &wrong, &secure.ca, &["run", "--once"])
+        .output()
+        .await
+        .expect("runs");
+    let printed = String::from_utf8_lossy(&failed.stderr).into_owned();
+    assert_eq!(failed.status.code(), Some(1), "{printed}");
+    assert!(printed.contains("NATS"), "{printed}");
+    assert!(!printed.contains("Wrong-Secret-9"), "{printed}");
+
+    let help = inventory(&url, &inventory_url, &secure.ca, &["--help"])
+        .output()
+        .await
+        .expect("runs");
+    let printed = String::from_utf8_lossy(&help.stdout).into_owned();
+    assert!(printed.contains("--nats-ca"), "{printed}");
+    assert!(!printed.contains(INVENTORY_PASSWORD), "{printed}");
+}
