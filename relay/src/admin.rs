@@ -109,15 +109,18 @@ pub async fn end_stale_claims(pool: &PgPool, older_than: Duration) -> sqlx::Resu
     Ok(u64::try_from(ended).unwrap_or(0))
 }
 
-/// Due aggregate heads, locked or not: what a relay could send now if no claim held them.
-pub async fn due_heads(pool: &PgPool) -> sqlx::Result<i64> {
+/// Aggregate heads due now or within `within`, locked or not: what a relay could send soon if no
+/// claim held them.
+pub async fn heads_due_within(pool: &PgPool, within: Duration) -> sqlx::Result<i64> {
     sqlx::query_scalar(
         "SELECT count(*) FROM outbox o
          LEFT JOIN outbox p
                 ON p.aggregate_id = o.aggregate_id AND p.aggregate_version = o.aggregate_version - 1
-         WHERE o.status IN ('pending', 'failed') AND o.next_run_at <= now()
+         WHERE o.status IN ('pending', 'failed')
+           AND o.next_run_at <= now() + $1 * interval '1 second'
            AND (p.id IS NULL OR p.status = 'sent')",
     )
+    .bind(within.as_secs_f64())
     .fetch_one(pool)
     .await
 }

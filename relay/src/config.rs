@@ -103,16 +103,16 @@ impl RelayConfig {
         Ok(())
     }
 
-    /// How long to wait for one PubAck: the configured timeout, shortened to an eighth of the claim
+    /// How long to wait for one PubAck: the configured timeout, shortened to a quarter of the claim
     /// timeout so that a step's last publish always ends within its claim.
     pub fn effective_publish_timeout(&self) -> Duration {
-        self.publish_timeout.min(self.claim_idle_timeout / 8)
+        self.publish_timeout.min(self.claim_idle_timeout / 4)
     }
 
     /// How long after its start a step may keep starting publishes: the configured deadline, shortened
-    /// to half the claim timeout. A publish started just before it can take two publish timeouts
-    /// (async-nats applies one to the send and one to the PubAck), so a step has published everything
-    /// by three quarters of the claim timeout and settles in the last quarter: a live step never
+    /// to half the claim timeout. A publish started just before it ends within one publish timeout
+    /// (a quarter), so a step has published everything by three quarters of the claim timeout and
+    /// settles in the last quarter: a live step never
     /// outlives its own claim, and a transaction older than the claim timeout can only belong to a
     /// relay that stopped (which is what lets relays end such transactions). Counted from the step's
     /// start, so a relay that stalled while claiming does not start publishing late.

@@ -119,7 +119,7 @@ struct RunArgs {
     #[arg(long, default_value = "1s,5s,30s,2m,10m", value_parser = Backoff::parse_schedule)]
     backoff: std::vec::Vec<Duration>,
 
-    /// How long to wait for a PubAck (at most an eighth of --claim-idle-timeout is used).
+    /// How long to wait for a PubAck (at most a quarter of --claim-idle-timeout is used).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     publish_timeout: Duration,
 

@@ -20,6 +20,10 @@ use crate::metrics;
 use crate::step::{FailPoint, StepError, StepReport, step};
 use crate::stream::{ProvisionError, ensure_stream};
 
+/// How far ahead `run --once` waits for failed rows to come due again (the first retries, 1 s and 5 s
+/// by default), rather than leaving a transient failure behind.
+const RETRY_WAIT: Duration = Duration::from_secs(10);
+
 /// How a relay names its PostgreSQL sessions (`application_name`), followed by its relay id. Relays
 /// end each other's stalled claims by this prefix; nothing else may use it.
 pub const APPLICATION_PREFIX: &str = "waybill-relay ";
@@ -229,36 +233,45 @@ impl Relay {
     ///
     /// Rows that are due but locked by another relay are waited for: that relay either settles them
     /// or stalled, and a stalled claim is ended (by PostgreSQL, or by [`Relay::end_stale_claims`])
-    /// within the claim timeout. So `--once` leaves no due row behind that a live relay could send.
+    /// within the claim timeout. So are failed rows due again within a few seconds. So `--once`
+    /// leaves no row behind that a live relay could send now.
     pub async fn drain(&self) -> Result<RunSummary, StepError> {
         let mut summary = RunSummary::default();
-        let give_up = Instant::now() + self.config.stale_claim_age() * 2 + Duration::from_secs(5);
+        let mut waiting_since: Option<Instant> = None;
         loop {
+            let mut round = RunSummary::default();
             let lanes = (0..self.config.lanes.max(1)).map(|_| self.drain_lane());
             for lane in futures::future::join_all(lanes).await {
-                summary.merge(&lane?);
+                round.merge(&lane?);
             }
+            summary.merge(&round);
             if self.stopping.load(Ordering::Relaxed)
                 || self.client.connection_state() != State::Connected
             {
                 return Ok(summary);
             }
-            let locked = admin::due_heads(&self.pool)
+            // Heads locked by another relay, or failed and due again within moments (a transient
+            // publish failure): wait for them rather than leave them behind.
+            let waiting = admin::heads_due_within(&self.pool, RETRY_WAIT)
                 .await
                 .map_err(StepError::Claim)?;
-            if locked == 0 {
+            if waiting == 0 {
                 return Ok(summary);
             }
-            if Instant::now() > give_up {
+            if round.published > 0 {
+                waiting_since = None;
+            }
+            let since = *waiting_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > self.config.stale_claim_age() * 2 + RETRY_WAIT {
                 tracing::warn!(
-                    locked,
-                    "due rows stay locked by another relay; leaving them to it"
+                    waiting,
+                    "rows stay locked by another relay or keep failing; leaving them"
                 );
                 return Ok(summary);
             }
             tracing::info!(
-                locked,
-                "due rows are locked by another relay; waiting for it to settle or for its claim to end"
+                waiting,
+                "rows are locked by another relay or retry shortly; waiting for them"
             );
             summary.stale_claims_ended += self.end_stale_claims().await;
             tokio::time::sleep(Duration::from_millis(250)).await;
