@@ -404,7 +404,8 @@ async fn drain_with_relays(
                 peak = peak.max(resident_kib(pid));
                 if ticks % 10 == 2 {
                     backends = sqlx::query_scalar::<_, i32>(
-                        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'bench-%'",
+                        // Relays name their sessions `waybill-relay <relay id>`.
+                        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'waybill-relay bench-%'",
                     )
                     .fetch_all(&pool)
                     .await
