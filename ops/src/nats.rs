@@ -122,14 +122,6 @@ impl NatsConnection {
         redact_url(&self.url)
     }
 
-    /// The same connection at another URL (a private server started for a demo or a test).
-    pub fn at(&self, url: &str) -> Self {
-        Self {
-            url: url.to_owned(),
-            ..self.clone()
-        }
-    }
-
     /// Connects as `name` (shown in the server's connection list). Credentials in the URL are taken
     /// out of it and sent as user and password (the client library would otherwise ignore them).
     pub async fn connect(&self, name: &str) -> anyhow::Result<async_nats::Client> {
@@ -192,39 +184,23 @@ impl NatsConnection {
 
 /// Splits `user:password@` out of a NATS URL (percent-decoded), returning the URL without them.
 fn split_credentials(url: &str) -> anyhow::Result<(String, Option<String>, Option<String>)> {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return Ok((url.to_owned(), None, None));
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(at) => rest.split_at(at),
-        None => (rest, ""),
-    };
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return Ok((url.to_owned(), None, None));
-    };
-    let (user, password) = match userinfo.split_once(':') {
-        Some((user, password)) => (user, Some(password)),
-        None => (userinfo, None),
-    };
+    let address: async_nats::ServerAddr = url.parse()?;
     let decode = |s: &str| -> anyhow::Result<String> {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            if bytes[i] == b'%' {
-                let hex = s.get(i + 1..i + 3).context("a broken %-escape")?;
-                out.push(u8::from_str_radix(hex, 16).context("a broken %-escape")?);
-                i += 3;
-            } else {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-        String::from_utf8(out).context("credentials that are not UTF-8")
+        Ok(percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .context("credentials that are not UTF-8")?
+            .into_owned())
     };
-    let user = Some(decode(user)?).filter(|u| !u.is_empty());
-    let password = password.map(decode).transpose()?;
-    Ok((format!("{scheme}://{host}{path}"), user, password))
+    let user = address.username().map(decode).transpose()?;
+    let password = address.password().map(decode).transpose()?;
+    if user.is_none() && password.is_none() {
+        return Ok((url.to_owned(), None, None));
+    }
+    let mut bare = address.into_inner();
+    // Neither can fail on a URL that has a host, which a parsed NATS address always has.
+    let _ = bare.set_username("");
+    let _ = bare.set_password(None);
+    Ok((bare.to_string(), user, password))
 }
 
 #[cfg(test)]

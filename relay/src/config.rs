@@ -112,10 +112,10 @@ impl RelayConfig {
     /// How long after its start a step may keep starting publishes: the configured deadline, shortened
     /// to half the claim timeout. A publish started just before it ends within one publish timeout
     /// (a quarter), so a step has published everything by three quarters of the claim timeout and
-    /// settles in the last quarter: a live step never
-    /// outlives its own claim, and a transaction older than the claim timeout can only belong to a
-    /// relay that stopped (which is what lets relays end such transactions). Counted from the step's
-    /// start, so a relay that stalled while claiming does not start publishing late.
+    /// settles in the last quarter: a live step never outlives its own claim, and a transaction older
+    /// than the claim timeout can only belong to a relay that stopped (which is what lets relays end
+    /// such transactions). Counted from the step's start, so a relay that stalled while claiming does
+    /// not start publishing late.
     pub fn effective_step_deadline(&self) -> Duration {
         self.step_deadline
             .min(self.claim_idle_timeout / 2)

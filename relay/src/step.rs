@@ -125,12 +125,11 @@ pub async fn step(
         ..StepReport::default()
     };
     let claim_id = Uuid::now_v7();
-    let ids = row_ids(&runs);
     let maybe_published = journal(
         pool,
         claim_id,
         &config.relay_id,
-        &ids,
+        &row_ids(&runs),
         config.stream.duplicate_window,
     )
     .await

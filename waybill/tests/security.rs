@@ -110,8 +110,16 @@ async fn sslmode_require_encrypts_and_the_commands_work(pool: PgPool) {
     }
 }
 
-/// A login user in `group`, on the server of `DATABASE_URL`; dropped by the caller.
-async fn login_user(pool: &PgPool, group: &str) -> (String, String) {
+/// A login user of the test server, member of one group role; dropped by the caller.
+struct Login {
+    name: String,
+    url: String,
+    /// One connection as that user.
+    pool: PgPool,
+}
+
+/// A login user in `group`, on the server of `DATABASE_URL`, and a connection as it.
+async fn login_user(pool: &PgPool, group: &str) -> Login {
     let name = format!("wb_test_{}", Uuid::now_v7().simple());
     let sql = format!("CREATE ROLE {name} LOGIN PASSWORD 'pw' IN ROLE {group}");
     sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -124,7 +132,13 @@ async fn login_user(pool: &PgPool, group: &str) -> (String, String) {
     let host = scheme_rest
         .rsplit_once('@')
         .map_or(scheme_rest.trim_start_matches("postgres://"), |(_, h)| h);
-    (name.clone(), format!("postgres://{name}@{host}/{database}"))
+    let url = format!("postgres://{name}@{host}/{database}");
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("log in");
+    Login { name, url, pool }
 }
 
 async fn drop_user(pool: &PgPool, name: &str) {
@@ -157,9 +171,9 @@ async fn each_role_can_do_its_job_and_nothing_more(pool: PgPool) {
     assert_eq!(again.code, 0, "idempotent: {}", again.stderr);
 
     // The command side places an order through the real binary.
-    let (app, app_url) = login_user(&pool, "waybill_app").await;
+    let app = login_user(&pool, "waybill_app").await;
     let place = waybill(
-        &[("DATABASE_URL", &app_url)],
+        &[("DATABASE_URL", &app.url)],
         &[
             "place",
             "--customer",
@@ -172,60 +186,46 @@ async fn each_role_can_do_its_job_and_nothing_more(pool: PgPool) {
     )
     .await;
     assert_eq!(place.code, 0, "waybill_app can place: {}", place.stderr);
-    let as_app = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&app_url)
-        .await
-        .expect("app");
-    assert!(denied(&as_app, "UPDATE outbox SET attempts = 0").await);
-    assert!(denied(&as_app, "DELETE FROM command_idempotency").await);
+    let as_app = &app.pool;
+    assert!(denied(as_app, "UPDATE outbox SET attempts = 0").await);
+    assert!(denied(as_app, "DELETE FROM command_idempotency").await);
 
     // The relay reads and settles the outbox, and nothing of events.
-    let (relay, relay_url) = login_user(&pool, "waybill_relay").await;
-    let as_relay = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&relay_url)
-        .await
-        .expect("relay");
+    let relay = login_user(&pool, "waybill_relay").await;
+    let as_relay = &relay.pool;
     let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
-        .fetch_one(&as_relay)
+        .fetch_one(as_relay)
         .await
         .expect("the relay reads the outbox");
     assert_eq!(unsent, 1);
     sqlx::query("UPDATE outbox SET status = 'sent', stream_seq = 1")
-        .execute(&as_relay)
+        .execute(as_relay)
         .await
         .expect("the relay settles");
     sqlx::query("SELECT waybill_end_stale_claims(interval '1 hour')")
-        .execute(&as_relay)
+        .execute(as_relay)
         .await
         .expect("the relay may end stalled claims");
-    assert!(denied(&as_relay, "UPDATE events SET payload = '{}'").await);
-    assert!(denied(&as_relay, "SELECT count(*) FROM events").await);
+    assert!(denied(as_relay, "UPDATE events SET payload = '{}'").await);
+    assert!(denied(as_relay, "SELECT count(*) FROM events").await);
 
     // A projection keeps to its own schema.
-    let (projection, projection_url) = login_user(&pool, "waybill_projection").await;
-    let as_projection = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&projection_url)
-        .await
-        .expect("projection");
+    let projection = login_user(&pool, "waybill_projection").await;
+    let as_projection = &projection.pool;
     sqlx::query("CREATE SCHEMA IF NOT EXISTS test_projection")
-        .execute(&as_projection)
+        .execute(as_projection)
         .await
         .expect("a projection creates its own schema");
     sqlx::query("CREATE TABLE test_projection.state (k int)")
-        .execute(&as_projection)
+        .execute(as_projection)
         .await
         .expect("and its tables");
-    assert!(denied(&as_projection, "SELECT count(*) FROM events").await);
-    assert!(denied(&as_projection, "SELECT count(*) FROM outbox").await);
+    assert!(denied(as_projection, "SELECT count(*) FROM events").await);
+    assert!(denied(as_projection, "SELECT count(*) FROM outbox").await);
 
-    for pool in [as_app, as_relay, as_projection] {
-        pool.close().await;
-    }
-    for name in [app, relay, projection] {
-        drop_user(&pool, &name).await;
+    for login in [app, relay, projection] {
+        login.pool.close().await;
+        drop_user(&pool, &login.name).await;
     }
 }
 
