@@ -69,6 +69,11 @@ impl NatsServer {
         self.port
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the server abruptly (as a crash or an outage would); its store survives for [`resume`].
     ///
     /// [`resume`]: NatsServer::resume

@@ -16,12 +16,24 @@ use crate::local_nats::{free_port, unique_temp_dir};
 pub struct PostgresServer {
     port: u16,
     dir: PathBuf,
+    bindir: PathBuf,
+    durable: bool,
     child: Option<Child>,
 }
 
 impl PostgresServer {
-    /// Initializes a cluster in a fresh temporary directory and starts it on a free port.
+    /// Initializes a cluster in a fresh temporary directory and starts it on a free port. Commits are
+    /// acknowledged before their WAL is written (`synchronous_commit=off`): fast, and fine for a server
+    /// that is never crashed on purpose.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(false)
+    }
+
+    /// Like [`PostgresServer::start`]; with `durable`, a commit is acknowledged only once its WAL is
+    /// written, so an immediate-mode stop ([`PostgresServer::crash`]) loses no acknowledged commit —
+    /// what a harness that crashes the server needs. (`fsync` stays off either way: the operating
+    /// system does not crash here, and written WAL survives in its page cache.)
+    pub fn start_with(durable: bool) -> anyhow::Result<Self> {
         let bindir = find_bindir().context(
             "PostgreSQL server binaries (initdb, postgres) were not found; install the Debian package \
              `postgresql` (or put its bin directory on PATH)",
@@ -29,9 +41,8 @@ impl PostgresServer {
         let port = free_port()?;
         let dir = unique_temp_dir("waybill-postgres", port)?;
         let data = dir.join("data");
-        // initdb and postgres refuse to run as root: run them as the `postgres` user when we are root.
-        let as_root = running_as_root();
-        if as_root {
+        // initdb and postgres run as the `postgres` user when we are root: it must own the directory.
+        if running_as_root() {
             let status = Command::new("chown")
                 .args(["-R", "postgres:postgres"])
                 .arg(&dir)
@@ -42,17 +53,7 @@ impl PostgresServer {
                 dir.display()
             );
         }
-        let command = |program: &str| {
-            let binary = bindir.join(program);
-            if as_root {
-                let mut c = Command::new("runuser");
-                c.args(["-u", "postgres", "--"]).arg(binary);
-                c
-            } else {
-                Command::new(binary)
-            }
-        };
-        let init = command("initdb")
+        let init = server_command(&bindir, "initdb")
             .arg("-D")
             .arg(&data)
             .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
@@ -63,25 +64,53 @@ impl PostgresServer {
         if !init.status.success() {
             bail!("initdb failed: {}", String::from_utf8_lossy(&init.stderr));
         }
-        let log = std::fs::File::create(dir.join("postgres.log"))?;
-        if as_root {
+        let mut server = Self {
+            port,
+            dir,
+            bindir,
+            durable,
+            child: None,
+        };
+        server.resume()?;
+        Ok(server)
+    }
+
+    /// Starts the server (again) on the same port and data directory, and waits until it accepts
+    /// connections (after crash recovery, if it was crashed).
+    pub fn resume(&mut self) -> anyhow::Result<()> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        // Each start logs to a fresh file: readiness is read from it.
+        let log_path = self.dir.join("postgres.log");
+        if log_path.exists() {
+            let _ = std::fs::rename(&log_path, self.dir.join("postgres.previous.log"));
+        }
+        let log = std::fs::File::create(&log_path)?;
+        if running_as_root() {
             let _ = Command::new("chown")
                 .args(["postgres:postgres"])
-                .arg(dir.join("postgres.log"))
+                .arg(&log_path)
                 .status();
         }
-        let child = command("postgres")
+        let synchronous_commit = if self.durable { "on" } else { "off" };
+        let child = server_command(&self.bindir, "postgres")
             .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+            .arg(self.dir.join("data"))
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+            ])
             .arg("-k")
-            .arg(&dir)
-            // A throwaway cluster: durability buys nothing, speed helps the demo and the tests.
+            .arg(&self.dir)
+            // A throwaway cluster: speed helps the demo and the tests.
             .args([
                 "-c",
                 "fsync=off",
                 "-c",
-                "synchronous_commit=off",
+                &format!("synchronous_commit={synchronous_commit}"),
                 "-c",
                 "max_connections=200",
             ])
@@ -90,13 +119,47 @@ impl PostgresServer {
             .stderr(log)
             .spawn()
             .context("starting postgres")?;
-        let mut server = Self {
-            port,
-            dir,
-            child: Some(child),
-        };
-        server.wait_until_ready(Duration::from_secs(30))?;
-        Ok(server)
+        self.child = Some(child);
+        self.wait_until_ready(Duration::from_secs(60))
+    }
+
+    /// Stops the server in immediate mode, as a crash would: every session is cut, nothing is
+    /// checkpointed, and the next [`PostgresServer::resume`] runs crash recovery.
+    pub fn crash(&mut self) {
+        self.signal_postmaster("-QUIT", Duration::from_secs(10));
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// True while the server process runs.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Where its data and logs are.
+    pub fn directory(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Sends `signal` to the postmaster (its pid is the first line of postmaster.pid: when it runs
+    /// through `runuser`, our child is runuser, which does not pass signals on), waits up to `wait`
+    /// for it to exit, then kills it.
+    fn signal_postmaster(&self, signal: &str, wait: Duration) {
+        let postmaster = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
+            .ok()
+            .and_then(|text| text.lines().next().map(str::to_owned));
+        if let Some(pid) = &postmaster {
+            let _ = Command::new("kill").args([signal, pid]).status();
+            let deadline = Instant::now() + wait;
+            while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = Command::new("kill").args(["-KILL", pid]).status();
+            }
+        }
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/DATABASE`.
@@ -172,6 +235,19 @@ impl Drop for PostgresServer {
     }
 }
 
+/// A command running `program` from `bindir`, as the `postgres` user when we are root (initdb and
+/// postgres refuse to run as root).
+fn server_command(bindir: &Path, program: &str) -> Command {
+    let binary = bindir.join(program);
+    if running_as_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(binary);
+        command
+    } else {
+        Command::new(binary)
+    }
+}
+
 /// True when this process runs as uid 0.
 fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
@@ -228,5 +304,31 @@ mod tests {
         let server = PostgresServer::start().expect("postgres starts");
         assert!(reachable("127.0.0.1", server.port()));
         assert!(server.url("x").ends_with("/x"));
+    }
+
+    #[test]
+    fn a_crashed_server_resumes_on_its_port_with_its_data() {
+        let mut server = PostgresServer::start_with(true).expect("postgres starts");
+        let (client, port) = (server.bindir.join("psql"), server.port().to_string());
+        let psql = |sql: &str| {
+            let output = Command::new(&client)
+                .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"])
+                .args(["-d", "postgres", "-tAc", sql])
+                .output()
+                .expect("psql runs");
+            String::from_utf8_lossy(&output.stdout).trim().to_owned()
+        };
+        psql("CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)");
+        server.crash();
+        assert!(
+            !reachable("127.0.0.1", server.port()),
+            "a crashed server still answers"
+        );
+        server.resume().expect("resumes after crash recovery");
+        assert_eq!(
+            psql("SELECT x FROM kept"),
+            "42",
+            "a committed row survives the crash"
+        );
     }
 }
