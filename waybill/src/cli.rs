@@ -55,6 +55,15 @@ pub enum Command {
     /// Start private PostgreSQL and NATS servers for whichever of DATABASE_URL and NATS_URL does not
     /// answer, print their URLs as shell exports, and keep them until SIGTERM/Ctrl-C.
     Services(ServicesArgs),
+    /// Every kind of fault (killed and frozen relays, killed projections, NATS and PostgreSQL crashes,
+    /// ended sessions, hostile messages) against the real processes under load on private servers,
+    /// then a verdict from first principles. Runs `waybill-lab chaos`; see `waybill chaos --help`.
+    #[command(disable_help_flag = true)]
+    Chaos {
+        /// Arguments for `waybill-lab chaos` (try --help).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Print the event catalog: every payload's JSON Schema, or (with --asyncapi) an AsyncAPI document
     /// of the stream's subjects, headers and messages.
     Schema(SchemaArgs),

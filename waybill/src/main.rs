@@ -19,6 +19,27 @@ use store::EventStore;
 use crate::cli::{Cli, Command, OrderCommand};
 use crate::failure::{Failure, redact};
 
+/// Replaces this process with the sibling binary `program` running `command ARGS` (as `cargo foo` runs
+/// `cargo-foo`), so the order service's binary links none of the tools; returns only on failure.
+fn hand_over(program: &str, command: &str, args: &[String]) -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    let path = match std::env::current_exe() {
+        Ok(here) => here.with_file_name(program),
+        Err(error) => return anyhow::Error::new(error).context("cannot tell where waybill lives"),
+    };
+    if !path.is_file() {
+        return anyhow::anyhow!(
+            "{} is missing: build it with `cargo build --workspace --bins`",
+            path.display()
+        );
+    }
+    let error = std::process::Command::new(&path)
+        .arg(command)
+        .args(args)
+        .exec();
+    anyhow::Error::new(error).context(format!("cannot run {}", path.display()))
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -39,6 +60,13 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
+        Command::Chaos { mut args } => {
+            // `--json` is one of this program's global flags: clap took it, so pass it on.
+            if cli.json {
+                args.push("--json".to_owned());
+            }
+            Err(hand_over("waybill-lab", "chaos", &args).into())
+        }
         Command::Migrate => migrate::run(&cli.database_url, cli.json).await,
         Command::Serve(args) => serve(&cli.database_url, args).await.map_err(Failure::from),
         Command::Demo(args) => demo::run(&cli.database_url, args)

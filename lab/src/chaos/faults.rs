@@ -1,0 +1,371 @@
+//! The faults: what each kind does to the running system, and when they strike — a schedule drawn from
+//! the seed that gives every chosen kind at least one turn, spread over the load between a warm-up and
+//! a quiet end.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use rand::Rng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use super::fleet::{Fleet, Role, Servers};
+use super::watch::Clock;
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGKILL a relay, restart it.
+    RelayKill,
+    /// SIGSTOP a relay past its claim timeout and the dedupe window, then SIGCONT: a zombie.
+    RelayPause,
+    /// SIGKILL a projection while it applies, restart it.
+    ProjectionKill,
+    /// SIGKILL nats-server, restart it on the same store a few seconds later.
+    NatsRestart,
+    /// Immediate-mode stop of PostgreSQL, start again.
+    PostgresRestart,
+    /// `pg_terminate_backend` of random sessions of the relays and projections.
+    PgTerminate,
+    /// Garbage, disagreeing ids, events whose predecessors never come and replays of real events,
+    /// published straight into the stream.
+    HostilePublish,
+}
+
+impl FaultKind {
+    /// Every kind.
+    pub const ALL: [Self; 7] = [
+        Self::RelayKill,
+        Self::RelayPause,
+        Self::ProjectionKill,
+        Self::NatsRestart,
+        Self::PostgresRestart,
+        Self::PgTerminate,
+        Self::HostilePublish,
+    ];
+
+    /// Its name on the command line and in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::RelayKill => "relay_kill",
+            Self::RelayPause => "relay_pause",
+            Self::ProjectionKill => "projection_kill",
+            Self::NatsRestart => "nats_restart",
+            Self::PostgresRestart => "postgres_restart",
+            Self::PgTerminate => "pg_terminate",
+            Self::HostilePublish => "hostile_publish",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == text.trim())
+            .ok_or_else(|| {
+                format!(
+                    "unknown fault kind {text:?}; the kinds are {}",
+                    Self::ALL.map(Self::name).join(", ")
+                )
+            })
+    }
+}
+
+/// How long a frozen relay stays frozen: past its claim timeout (4 s) and the dedupe window (5 s)
+/// that the fleet gives the relays.
+const RELAY_FROZEN: Duration = Duration::from_secs(7);
+/// How long a killed process or server stays down before it is started again.
+const PROCESS_DOWN: Duration = Duration::from_secs(1);
+const NATS_DOWN: Duration = Duration::from_secs(3);
+const POSTGRES_DOWN: Duration = Duration::from_secs(2);
+/// Faults leave the first part of the run alone (the backlog's normal level is measured there) and
+/// the last seconds (so the last fault is over before the load stops).
+const WARM_UP: Duration = Duration::from_secs(8);
+const QUIET_END: Duration = Duration::from_secs(10);
+
+/// A fault due at a moment.
+#[derive(Debug, Clone, Copy)]
+pub struct Planned {
+    /// When, from the start of the run.
+    pub at: Duration,
+    /// What.
+    pub kind: FaultKind,
+}
+
+/// The schedule: every kind once in a shuffled order, then random kinds, one fault per ~12 s of load
+/// on average, each at a jittered moment of its own slot.
+pub fn schedule(kinds: &[FaultKind], duration: Duration, seed: u64) -> Vec<Planned> {
+    use rand::SeedableRng;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let count = kinds.len().max((duration.as_secs() / 12) as usize);
+    let mut order: Vec<FaultKind> = kinds.to_vec();
+    order.shuffle(&mut rng);
+    while order.len() < count {
+        order.push(kinds[rng.random_range(0..kinds.len())]);
+    }
+    let start = WARM_UP.min(duration / 5);
+    let end = duration
+        .saturating_sub(QUIET_END)
+        .max(start + Duration::from_secs(1));
+    let slot = (end - start) / count as u32;
+    order
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| Planned {
+            at: start + slot * i as u32 + slot.mul_f64(rng.random_range(0.0..0.6)),
+            kind,
+        })
+        .collect()
+}
+
+/// One fault as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fault {
+    /// Its kind.
+    pub kind: FaultKind,
+    /// Seconds from the start when it struck.
+    pub at: f64,
+    /// Seconds from the start when it was over (the process restarted, thawed, the server back).
+    pub over: f64,
+    /// What exactly was done.
+    pub detail: String,
+    /// Why it could not be done, if it could not.
+    pub error: Option<String>,
+}
+
+/// Everything injected.
+#[derive(Debug, Default)]
+pub struct Injected {
+    /// The faults in order.
+    pub faults: Vec<Fault>,
+    /// Stream sequences of the hostile messages the broker stored.
+    pub hostile_sequences: BTreeSet<u64>,
+    /// Hostile messages stored.
+    pub hostile_sent: u64,
+}
+
+impl Injected {
+    /// Faults per kind that were carried out.
+    pub fn count(&self, kind: FaultKind) -> usize {
+        self.faults
+            .iter()
+            .filter(|f| f.kind == kind && f.error.is_none())
+            .count()
+    }
+}
+
+/// What the faults act on.
+#[derive(Debug)]
+pub struct Context {
+    /// The processes.
+    pub fleet: Arc<Fleet>,
+    /// The servers.
+    pub servers: Servers,
+    /// The harness's own pool on the event store.
+    pub pool: PgPool,
+    /// The harness's own JetStream client.
+    pub jetstream: jetstream::Context,
+    /// Its subject prefix.
+    pub subject_prefix: String,
+    /// The run's clock.
+    pub clock: Clock,
+}
+
+/// Carries out the schedule, each fault at its moment (or right after the previous one, if that ran
+/// late), and returns what happened.
+pub async fn inject(plan: Vec<Planned>, context: &Context, rng: &mut StdRng) -> Injected {
+    let mut injected = Injected::default();
+    for planned in plan {
+        if let Some(wait) = planned.at.checked_sub(context.clock.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+        let at = context.clock.seconds();
+        let outcome = strike(planned.kind, context, rng, &mut injected).await;
+        let over = context.clock.seconds();
+        let (detail, error) = match outcome {
+            Ok(detail) => (detail, None),
+            Err(error) => (String::new(), Some(format!("{error:#}"))),
+        };
+        eprintln!(
+            "chaos: [{at:6.1} s] {:<16} {}{}",
+            planned.kind.name(),
+            detail,
+            error
+                .as_ref()
+                .map(|e| format!("FAILED: {e}"))
+                .unwrap_or_default()
+        );
+        injected.faults.push(Fault {
+            kind: planned.kind,
+            at,
+            over,
+            detail,
+            error,
+        });
+    }
+    injected
+}
+
+async fn strike(
+    kind: FaultKind,
+    context: &Context,
+    rng: &mut StdRng,
+    injected: &mut Injected,
+) -> anyhow::Result<String> {
+    let fleet = &context.fleet;
+    let pick = |names: Vec<String>, rng: &mut StdRng| -> anyhow::Result<String> {
+        names
+            .get(rng.random_range(0..names.len().max(1)))
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no such process"))
+    };
+    match kind {
+        FaultKind::RelayKill => {
+            let relay = pick(fleet.names(Role::Relay).await, rng)?;
+            fleet.kill_and_restart(&relay, PROCESS_DOWN).await?;
+            Ok(format!("SIGKILL {relay}, restarted after {PROCESS_DOWN:?}"))
+        }
+        FaultKind::RelayPause => {
+            let relay = pick(fleet.names(Role::Relay).await, rng)?;
+            fleet.freeze(&relay, RELAY_FROZEN).await?;
+            Ok(format!(
+                "SIGSTOP {relay} for {RELAY_FROZEN:?}, then SIGCONT"
+            ))
+        }
+        FaultKind::ProjectionKill => {
+            let projection = pick(fleet.names(Role::Projection).await, rng)?;
+            let in_flight = mid_batch(&context.jetstream, &projection).await;
+            fleet.kill_and_restart(&projection, PROCESS_DOWN).await?;
+            let moment = match in_flight {
+                Some(n) => format!("with {n} message(s) delivered and not yet acknowledged"),
+                None => "between batches (none was in flight within 3 s)".to_owned(),
+            };
+            Ok(format!(
+                "SIGKILL {projection} {moment}, restarted after {PROCESS_DOWN:?}"
+            ))
+        }
+        FaultKind::NatsRestart => {
+            context.servers.restart_nats(NATS_DOWN).await?;
+            Ok(format!(
+                "SIGKILL nats-server, restarted after {NATS_DOWN:?}"
+            ))
+        }
+        FaultKind::PostgresRestart => {
+            context.servers.restart_postgres(POSTGRES_DOWN).await?;
+            Ok(format!(
+                "immediate-mode stop of PostgreSQL, started after {POSTGRES_DOWN:?}"
+            ))
+        }
+        FaultKind::PgTerminate => terminate_sessions(&context.pool, rng).await,
+        FaultKind::HostilePublish => {
+            let sent = super::hostile::publish(context, rng).await?;
+            injected.hostile_sent += sent.sequences.len() as u64;
+            injected.hostile_sequences.extend(&sent.sequences);
+            Ok(sent.describe())
+        }
+    }
+}
+
+/// Waits (up to 3 s) for a moment when `projection` holds delivered messages it has not acknowledged —
+/// a batch in flight, seen from outside through its durable consumer — and returns how many.
+async fn mid_batch(jetstream: &jetstream::Context, projection: &str) -> Option<usize> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let stream = jetstream.get_stream(super::STREAM).await.ok()?;
+    let mut consumer: jetstream::consumer::PullConsumer =
+        stream.get_consumer(projection).await.ok()?;
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(info) = consumer.info().await
+            && info.num_ack_pending > 0
+        {
+            return Some(info.num_ack_pending);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
+
+/// Ends one to three random sessions of the relays and projections.
+async fn terminate_sessions(pool: &PgPool, rng: &mut StdRng) -> anyhow::Result<String> {
+    let mut sessions: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT pid, application_name FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND (application_name LIKE 'waybill-relay %'
+                OR application_name IN ('waybill-inventory', 'waybill-points', 'waybill-search'))
+         ORDER BY pid",
+    )
+    .fetch_all(pool)
+    .await?;
+    anyhow::ensure!(
+        !sessions.is_empty(),
+        "no relay or projection session is connected"
+    );
+    sessions.shuffle(rng);
+    sessions.truncate(rng.random_range(1..=3));
+    for (pid, _) in &sessions {
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(pool)
+            .await?;
+    }
+    Ok(format!(
+        "terminated {}",
+        sessions
+            .iter()
+            .map(|(pid, name)| format!("{name} (pid {pid})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_strikes_at_least_once_between_the_warm_up_and_the_quiet_end() {
+        for seconds in [20, 75, 90, 600] {
+            let duration = Duration::from_secs(seconds);
+            let plan = schedule(&FaultKind::ALL, duration, 42);
+            for kind in FaultKind::ALL {
+                assert!(
+                    plan.iter().any(|p| p.kind == kind),
+                    "{} missing from a {seconds} s plan",
+                    kind.name()
+                );
+            }
+            assert!(plan.windows(2).all(|w| w[0].at < w[1].at), "in time order");
+            assert!(plan.iter().all(|p| p.at >= WARM_UP.min(duration / 5)));
+            assert!(plan.iter().all(|p| p.at < duration));
+        }
+        assert_eq!(
+            schedule(&FaultKind::ALL, Duration::from_secs(600), 1).len(),
+            50
+        );
+    }
+
+    #[test]
+    fn a_seed_repeats_its_schedule_and_another_seed_does_not() {
+        let kinds = |seed| {
+            schedule(&FaultKind::ALL, Duration::from_secs(90), seed)
+                .iter()
+                .map(|p| (p.kind, p.at))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(kinds(7), kinds(7));
+        assert_ne!(kinds(7), kinds(8));
+    }
+
+    #[test]
+    fn kinds_parse_by_name_and_unknown_ones_are_refused_with_the_list() {
+        for kind in FaultKind::ALL {
+            assert_eq!(FaultKind::parse(kind.name()), Ok(kind));
+        }
+        let refused = FaultKind::parse("disk_fill").expect_err("unknown");
+        assert!(refused.contains("relay_kill"), "{refused}");
+    }
+}

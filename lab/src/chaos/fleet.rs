@@ -1,0 +1,525 @@
+//! The system under test, as real processes: private PostgreSQL and NATS that may be crashed and
+//! restarted, the order service, two relays and the three projections, each a child process the
+//! harness can kill, freeze, thaw and restart — and restarts by itself when one exits on its own, as a
+//! supervisor would.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex as BlockingMutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use ops::{NatsServer, PostgresServer};
+use rustix::process::{Pid, Signal, kill_process};
+use serde::Serialize;
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+
+/// The projections, by binary suffix; each consumes through the durable consumer of the same name.
+pub const PROJECTIONS: [&str; 3] = ["inventory", "points", "search"];
+
+/// Where each binary is.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    waybill: PathBuf,
+    relay: PathBuf,
+    projections: PathBuf,
+}
+
+impl Binaries {
+    /// Checks that every binary is in `dir` (the projections in `projections`, when given).
+    pub fn find(dir: &Path, projections: Option<&Path>) -> anyhow::Result<Self> {
+        let projections = projections.unwrap_or(dir).to_path_buf();
+        let mut wanted = vec![dir.join("waybill"), dir.join("waybill-relay")];
+        wanted.extend(PROJECTIONS.map(|p| projections.join(format!("waybill-{p}"))));
+        for path in &wanted {
+            anyhow::ensure!(
+                path.is_file(),
+                "{} is missing: build every binary first (`cargo build --workspace --bins`) or point \
+                 --binaries at them",
+                path.display()
+            );
+        }
+        Ok(Self {
+            waybill: dir.join("waybill"),
+            relay: dir.join("waybill-relay"),
+            projections,
+        })
+    }
+}
+
+/// The private servers; clones share them (the last one dropped stops and deletes them).
+#[derive(Debug, Clone)]
+pub struct Servers {
+    /// The event store's database (the projections keep their schemas in it too).
+    pub database_url: String,
+    /// The NATS server.
+    pub nats_url: String,
+    postgres: Arc<BlockingMutex<PostgresServer>>,
+    nats: Arc<BlockingMutex<NatsServer>>,
+}
+
+impl Servers {
+    /// Starts a durable PostgreSQL (no acknowledged commit is lost to an immediate-mode stop) and a
+    /// NATS server with JetStream, each on a free port with its own directory.
+    pub async fn start(database: &str) -> anyhow::Result<Self> {
+        let (postgres, nats) = tokio::task::spawn_blocking(|| {
+            let postgres = PostgresServer::start_with(true)?;
+            let nats = NatsServer::start()?;
+            anyhow::Ok((postgres, nats))
+        })
+        .await??;
+        Ok(Self {
+            database_url: postgres.url(database),
+            nats_url: nats.url(),
+            postgres: Arc::new(BlockingMutex::new(postgres)),
+            nats: Arc::new(BlockingMutex::new(nats)),
+        })
+    }
+
+    /// Another handle on the same servers.
+    pub fn clone_handles(&self) -> Self {
+        self.clone()
+    }
+
+    /// A small pool on the event store's database for the harness's own queries; its sessions are
+    /// named `waybill-chaos`, so `pg_terminate` spares them.
+    pub async fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
+        let options: sqlx::postgres::PgConnectOptions = self.database_url.parse()?;
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options.application_name("waybill-chaos"))
+            .await
+            .context("connecting to the private PostgreSQL")
+    }
+
+    /// Crashes PostgreSQL (immediate-mode stop), waits `down`, and starts it again.
+    pub async fn restart_postgres(&self, down: Duration) -> anyhow::Result<()> {
+        let server = self.postgres.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut server = server.lock().unwrap_or_else(|e| e.into_inner());
+            server.crash();
+            std::thread::sleep(down);
+            server.resume()
+        })
+        .await?
+    }
+
+    /// Kills nats-server (SIGKILL), waits `down`, and starts it again on the same store.
+    pub async fn restart_nats(&self, down: Duration) -> anyhow::Result<()> {
+        let server = self.nats.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut server = server.lock().unwrap_or_else(|e| e.into_inner());
+            server.stop();
+            std::thread::sleep(down);
+            server.resume()
+        })
+        .await?
+    }
+
+    /// The nats-server process id, when it runs.
+    pub fn nats_pid(&self) -> Option<u32> {
+        self.nats.lock().ok()?.pid()
+    }
+}
+
+/// What a process is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `waybill serve`.
+    OrderService,
+    /// `waybill-relay run`.
+    Relay,
+    /// `waybill-<projection> run`.
+    Projection,
+}
+
+/// One supervised child process.
+#[derive(Debug)]
+struct Process {
+    name: String,
+    role: Role,
+    program: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+    frozen: bool,
+    /// Killed by the harness, to be restarted by it: the supervisor leaves it alone meanwhile.
+    held_down: bool,
+    restarts: u32,
+    unexpected_exits: u32,
+    peak_rss_kib: u64,
+}
+
+/// How a process fared, for the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessSummary {
+    /// Its name, e.g. `relay-1`.
+    pub name: String,
+    /// Highest resident memory of any of its incarnations, in MiB (VmHWM).
+    pub peak_rss_mib: f64,
+    /// Restarts after faults.
+    pub restarts: u32,
+    /// Times it exited without being killed (each restarted by the harness).
+    pub unexpected_exits: u32,
+}
+
+/// The running system.
+#[derive(Debug)]
+pub struct Fleet {
+    binaries: Binaries,
+    processes: Mutex<Vec<Process>>,
+    api_url: String,
+    logs: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Fleet {
+    /// Creates the schema (`waybill migrate`), then starts every process and waits until each answers
+    /// its health check.
+    pub async fn start(
+        binaries: Binaries,
+        servers: &Servers,
+        stream: &str,
+        subject_prefix: &str,
+    ) -> anyhow::Result<Self> {
+        let logs = ops::unique_temp_dir("waybill-chaos-logs", 0)?;
+        let env = vec![
+            ("DATABASE_URL".to_owned(), servers.database_url.clone()),
+            ("NATS_URL".to_owned(), servers.nats_url.clone()),
+            ("WAYBILL_STREAM".to_owned(), stream.to_owned()),
+            (
+                "WAYBILL_SUBJECT_PREFIX".to_owned(),
+                subject_prefix.to_owned(),
+            ),
+            (
+                "RUST_LOG".to_owned(),
+                "info,sqlx=warn,async_nats=warn".to_owned(),
+            ),
+        ];
+        let migrate = Command::new(&binaries.waybill)
+            .arg("migrate")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(logs.join("migrate.log"))?)
+            .status()
+            .await
+            .context("running waybill migrate")?;
+        anyhow::ensure!(
+            migrate.success(),
+            "waybill migrate failed; see {}",
+            logs.join("migrate.log").display()
+        );
+
+        let api_port = ops::free_port()?;
+        let mut health = Vec::new();
+        let mut processes = Vec::new();
+        let mut add = |name: &str, role: Role, program: &Path, mut args: Vec<String>| {
+            let metrics = ops::free_port()?;
+            args.extend([
+                "--metrics-listen".to_owned(),
+                format!("127.0.0.1:{metrics}"),
+            ]);
+            health.push((
+                name.to_owned(),
+                format!("http://127.0.0.1:{metrics}/health"),
+            ));
+            processes.push(Process {
+                name: name.to_owned(),
+                role,
+                program: program.to_path_buf(),
+                args,
+                child: None,
+                frozen: false,
+                held_down: false,
+                restarts: 0,
+                unexpected_exits: 0,
+                peak_rss_kib: 0,
+            });
+            anyhow::Ok(())
+        };
+        add(
+            "order-service",
+            Role::OrderService,
+            &binaries.waybill.clone(),
+            strings(&["serve", "--listen", &format!("127.0.0.1:{api_port}")]),
+        )?;
+        for relay in ["relay-1", "relay-2"] {
+            add(
+                relay,
+                Role::Relay,
+                &binaries.relay,
+                strings(&[
+                    "run",
+                    "--relay-id",
+                    &format!("chaos-{relay}"),
+                    // Shortened so that a frozen relay outlives both within a few seconds, as the
+                    // zombie-relay fault needs; retries are quicker and more patient in proportion.
+                    "--claim-idle-timeout",
+                    "4s",
+                    "--duplicate-window",
+                    "5s",
+                    "--backoff",
+                    "250ms,500ms,1s,2s",
+                    "--max-attempts",
+                    "200",
+                    "--poll-interval",
+                    "200ms",
+                ]),
+            )?;
+        }
+        for projection in PROJECTIONS {
+            add(
+                projection,
+                Role::Projection,
+                &binaries.projections.join(format!("waybill-{projection}")),
+                // A killed projection's unacknowledged messages come back after the ack wait.
+                strings(&["run", "--ack-wait", "5s"]),
+            )?;
+        }
+        let fleet = Self {
+            binaries,
+            processes: Mutex::new(processes),
+            api_url: format!("http://127.0.0.1:{api_port}"),
+            logs,
+            env,
+        };
+        {
+            let mut processes = fleet.processes.lock().await;
+            for process in processes.iter_mut() {
+                fleet.spawn(process)?;
+            }
+        }
+        fleet.wait_healthy(&health).await?;
+        Ok(fleet)
+    }
+
+    /// Runs `waybill-<projection> ARGS` on the run's database and parses what it prints as JSON.
+    pub async fn projection_json(
+        &self,
+        projection: &str,
+        args: &[&str],
+    ) -> anyhow::Result<serde_json::Value> {
+        let program = self
+            .binaries
+            .projections
+            .join(format!("waybill-{projection}"));
+        let output = Command::new(&program)
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .await
+            .with_context(|| format!("running {}", program.display()))?;
+        anyhow::ensure!(
+            output.status.success(),
+            "waybill-{projection} {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout)
+            .with_context(|| format!("waybill-{projection} {} printed no JSON", args.join(" ")))
+    }
+
+    /// The order service's base URL.
+    pub fn api_url(&self) -> String {
+        self.api_url.clone()
+    }
+
+    /// Where the processes' logs are.
+    pub fn logs(&self) -> &Path {
+        &self.logs
+    }
+
+    /// The names of the processes with this role.
+    pub async fn names(&self, role: Role) -> Vec<String> {
+        let processes = self.processes.lock().await;
+        processes
+            .iter()
+            .filter(|p| p.role == role)
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
+    /// SIGKILLs `name`, waits `down`, and starts it again.
+    pub async fn kill_and_restart(&self, name: &str, down: Duration) -> anyhow::Result<()> {
+        {
+            let mut processes = self.processes.lock().await;
+            let process = find(&mut processes, name)?;
+            if let Some(mut child) = process.child.take() {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+            process.held_down = true;
+        }
+        tokio::time::sleep(down).await;
+        let mut processes = self.processes.lock().await;
+        let process = find(&mut processes, name)?;
+        process.restarts += 1;
+        self.spawn(process)
+    }
+
+    /// SIGSTOPs `name` for `frozen`, then SIGCONTs it: the process is not dead, only silent.
+    pub async fn freeze(&self, name: &str, frozen: Duration) -> anyhow::Result<()> {
+        self.signal(name, Signal::STOP, true).await?;
+        tokio::time::sleep(frozen).await;
+        self.signal(name, Signal::CONT, false).await
+    }
+
+    async fn signal(&self, name: &str, signal: Signal, frozen: bool) -> anyhow::Result<()> {
+        let mut processes = self.processes.lock().await;
+        let process = find(&mut processes, name)?;
+        let pid = process
+            .child
+            .as_ref()
+            .and_then(Child::id)
+            .and_then(|id| Pid::from_raw(id as i32))
+            .with_context(|| format!("{name} is not running"))?;
+        kill_process(pid, signal).with_context(|| format!("signalling {name}"))?;
+        process.frozen = frozen;
+        Ok(())
+    }
+
+    /// Restarts every process that exited on its own (counted), and records resident memory.
+    pub async fn supervise(&self) {
+        let mut processes = self.processes.lock().await;
+        for process in processes.iter_mut().filter(|p| !p.held_down) {
+            let exited = match process.child.as_mut().map(Child::try_wait) {
+                Some(Ok(Some(status))) => Some(status.to_string()),
+                Some(Err(error)) => Some(error.to_string()),
+                Some(Ok(None)) => None,
+                None => Some("not running".to_owned()),
+            };
+            if let Some(status) = exited {
+                tracing::warn!(process = %process.name, %status, "exited on its own; restarting it");
+                process.unexpected_exits += 1;
+                process.child = None;
+                if let Err(error) = self.spawn(process) {
+                    tracing::error!(process = %process.name, error = format!("{error:#}"), "cannot restart");
+                }
+                continue;
+            }
+            if let Some(pid) = process.child.as_ref().and_then(Child::id) {
+                process.peak_rss_kib = process.peak_rss_kib.max(peak_rss_kib(pid));
+            }
+        }
+    }
+
+    /// Stops every process (thawing frozen ones first): SIGTERM, then SIGKILL after 15 s.
+    pub async fn stop_all(&self) -> Vec<ProcessSummary> {
+        let mut processes = self.processes.lock().await;
+        for process in processes.iter_mut() {
+            let Some(pid) = process
+                .child
+                .as_ref()
+                .and_then(Child::id)
+                .and_then(|id| Pid::from_raw(id as i32))
+            else {
+                continue;
+            };
+            process.peak_rss_kib = process
+                .peak_rss_kib
+                .max(peak_rss_kib(pid.as_raw_pid() as u32));
+            if process.frozen {
+                let _ = kill_process(pid, Signal::CONT);
+            }
+            let _ = kill_process(pid, Signal::TERM);
+        }
+        for process in processes.iter_mut() {
+            if let Some(mut child) = process.child.take()
+                && tokio::time::timeout(Duration::from_secs(15), child.wait())
+                    .await
+                    .is_err()
+            {
+                tracing::warn!(process = %process.name, "did not stop within 15 s; killing it");
+                let _ = child.kill().await;
+            }
+        }
+        processes
+            .iter()
+            .map(|p| ProcessSummary {
+                name: p.name.clone(),
+                peak_rss_mib: (p.peak_rss_kib as f64 / 102.4).round() / 10.0,
+                restarts: p.restarts,
+                unexpected_exits: p.unexpected_exits,
+            })
+            .collect()
+    }
+
+    fn spawn(&self, process: &mut Process) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.logs.join(format!("{}.log", process.name)))?;
+        let child = Command::new(&process.program)
+            .args(&process.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", process.program.display()))?;
+        process.child = Some(child);
+        process.frozen = false;
+        process.held_down = false;
+        Ok(())
+    }
+
+    async fn wait_healthy(&self, health: &[(String, String)]) -> anyhow::Result<()> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()?;
+        for (name, url) in health {
+            let mut healthy = false;
+            for _ in 0..600 {
+                if client
+                    .get(url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+                {
+                    healthy = true;
+                    break;
+                }
+                {
+                    let mut processes = self.processes.lock().await;
+                    let process = find(&mut processes, name)?;
+                    if let Some(Ok(Some(status))) = process.child.as_mut().map(Child::try_wait) {
+                        anyhow::bail!(
+                            "{name} exited with {status} at start; its log is {}",
+                            self.logs.join(format!("{name}.log")).display()
+                        );
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::ensure!(healthy, "{name} did not become healthy within 60 s");
+        }
+        Ok(())
+    }
+}
+
+fn find<'a>(processes: &'a mut [Process], name: &str) -> anyhow::Result<&'a mut Process> {
+    processes
+        .iter_mut()
+        .find(|p| p.name == name)
+        .with_context(|| format!("no process named {name}"))
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// The peak resident set of a process so far (VmHWM), in KiB; 0 when it cannot be read.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse().ok())
+        })
+        .unwrap_or(0)
+}

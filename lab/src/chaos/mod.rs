@@ -1,0 +1,223 @@
+//! `waybill chaos`: the whole system under load on private PostgreSQL and NATS, faults of every kind
+//! injected at seeded random moments, then a verdict checked from first principles.
+//!
+//! The run: start the servers and the real binaries ([`fleet`]), play order lifecycles over HTTP
+//! ([`load`]) while [`faults`] strikes and [`watch`] samples the backlog and memory; stop the load, let
+//! everything drain, and judge ([`verdict`]) what the event store, the stream and the projections hold.
+
+mod faults;
+mod fleet;
+mod hostile;
+mod load;
+mod report;
+mod verdict;
+mod watch;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rand::SeedableRng;
+
+pub use faults::FaultKind;
+
+/// `waybill chaos` options.
+#[derive(Debug, clap::Args)]
+pub struct ChaosArgs {
+    /// How long the load runs (faults land within it); the drain and the verdict follow. Default: the
+    /// profile's (short 75s, long 10m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Seed of every random choice (fault kinds, moments, victims, order contents); printed, so a run
+    /// can be repeated. Default: taken from the clock.
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// short: every fault kind at least once in about a minute (what CI runs); long: ten minutes,
+    /// thousands of orders, a fault every ~12 s.
+    #[arg(long, value_enum, default_value_t = Profile::Short)]
+    pub profile: Profile,
+
+    /// Print the verdict as JSON on standard output (the table goes to standard error).
+    #[arg(long)]
+    pub json: bool,
+
+    /// After the verdict, keep the private PostgreSQL and NATS running (the processes are stopped)
+    /// until SIGTERM/Ctrl-C, so what the run left can be inspected at the printed URLs.
+    #[arg(long)]
+    pub keep: bool,
+
+    /// Only these fault kinds (comma-separated), e.g. relay_kill,hostile_publish. Default: all.
+    #[arg(long, value_delimiter = ',', value_parser = FaultKind::parse)]
+    pub faults: Vec<FaultKind>,
+
+    /// Order lifecycles started per second. Default: the profile's (short 20, long 30).
+    #[arg(long)]
+    pub rate: Option<f64>,
+
+    /// Where the waybill binaries are (waybill, waybill-relay, waybill-inventory, waybill-points,
+    /// waybill-search). Default: beside this program.
+    #[arg(long, value_name = "DIR")]
+    pub binaries: Option<PathBuf>,
+
+    /// Take the projection binaries from this directory instead (e.g. a deliberately broken build).
+    #[arg(long, value_name = "DIR")]
+    pub projection_binaries: Option<PathBuf>,
+}
+
+/// How big a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// About a minute; every fault kind at least once.
+    Short,
+    /// Ten minutes; thousands of orders.
+    Long,
+}
+
+impl Profile {
+    fn duration(self) -> Duration {
+        match self {
+            Self::Short => Duration::from_secs(75),
+            Self::Long => Duration::from_secs(600),
+        }
+    }
+
+    fn rate(self) -> f64 {
+        match self {
+            Self::Short => 20.0,
+            Self::Long => 30.0,
+        }
+    }
+}
+
+/// The stream and subject prefix of a chaos run (its own servers, so the defaults would do; distinct
+/// names make a kept run's stream obvious).
+const STREAM: &str = "WAYBILL_CHAOS";
+const SUBJECT_PREFIX: &str = "chaos.events";
+/// The database on the private server.
+const DATABASE: &str = "waybill_chaos";
+/// The header every hostile message carries, so that the checker can set them apart.
+pub const HOSTILE_HEADER: &str = "Waybill-Chaos";
+
+/// Runs the harness; `Ok(true)` when the verdict is pass.
+pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
+    let duration = args.duration.unwrap_or(args.profile.duration());
+    anyhow::ensure!(
+        duration >= Duration::from_secs(20),
+        "--duration must be at least 20s: faults need room between the warm-up and the end"
+    );
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
+    });
+    let kinds = if args.faults.is_empty() {
+        FaultKind::ALL.to_vec()
+    } else {
+        args.faults.clone()
+    };
+    let rate = args.rate.unwrap_or(args.profile.rate());
+    anyhow::ensure!(rate > 0.0, "--rate must be positive");
+    let here = std::env::current_exe()?
+        .parent()
+        .map(PathBuf::from)
+        .context("cannot tell where this program lives")?;
+    let binaries = fleet::Binaries::find(
+        args.binaries.as_deref().unwrap_or(&here),
+        args.projection_binaries.as_deref(),
+    )?;
+
+    eprintln!(
+        "chaos: seed {seed}, {} of load at {rate} lifecycles/s, faults: {}",
+        humantime::format_duration(duration),
+        kinds
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let started = Instant::now();
+    let servers = fleet::Servers::start(DATABASE).await?;
+    eprintln!(
+        "chaos: PostgreSQL {} and NATS {} started",
+        servers.database_url, servers.nats_url
+    );
+    let fleet = Arc::new(fleet::Fleet::start(binaries, &servers, STREAM, SUBJECT_PREFIX).await?);
+    let pool = servers.pool().await?;
+    let nats = async_nats::ConnectOptions::new()
+        .name("waybill-chaos")
+        .retry_on_initial_connect()
+        .connect(&servers.nats_url)
+        .await
+        .context("connecting to the private NATS")?;
+    let jetstream = async_nats::jetstream::new(nats);
+
+    let clock = watch::Clock::new();
+    let watcher = watch::Watcher::spawn(
+        clock.clone(),
+        pool.clone(),
+        jetstream.clone(),
+        fleet.clone(),
+        servers.clone_handles(),
+    );
+    let load = load::Load::spawn(fleet.api_url(), rate, duration, seed, clock.clone());
+    let plan = faults::schedule(&kinds, duration, seed);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed_fa17);
+    let context = faults::Context {
+        fleet: fleet.clone(),
+        servers: servers.clone_handles(),
+        pool: pool.clone(),
+        jetstream: jetstream.clone(),
+        subject_prefix: SUBJECT_PREFIX.to_owned(),
+        clock: clock.clone(),
+    };
+    let injected = faults::inject(plan, &context, &mut rng).await;
+    let played = load.finish().await;
+    eprintln!(
+        "chaos: load over at {:.0} s: {} commands accepted, {} lifecycles abandoned; draining",
+        clock.seconds(),
+        played.accepted.len(),
+        played.abandoned
+    );
+    let drained = watch::drain(&pool, &jetstream, &fleet, Duration::from_secs(180)).await;
+    let samples = watcher.stop().await;
+    let verdict = verdict::judge(verdict::Evidence {
+        pool: &pool,
+        jetstream: &jetstream,
+        stream: STREAM,
+        fleet: &fleet,
+        played: &played,
+        injected: &injected,
+        drained: &drained,
+    })
+    .await?;
+    let stopped = fleet.stop_all().await;
+    let report = report::Report::new(report::Inputs {
+        seed,
+        profile: args.profile,
+        duration,
+        elapsed: started.elapsed(),
+        verdict: &verdict,
+        played: &played,
+        injected: &injected,
+        samples: &samples,
+        stopped: &stopped,
+        database_url: &servers.database_url,
+        nats_url: &servers.nats_url,
+        stream: STREAM,
+        logs: fleet.logs(),
+    });
+    report.print(args.json)?;
+    let pass = verdict.pass();
+    if args.keep {
+        eprintln!(
+            "chaos: keeping PostgreSQL ({}) and NATS ({}, stream {STREAM}) until SIGTERM/Ctrl-C",
+            servers.database_url, servers.nats_url
+        );
+        ops::shutdown_signal().await;
+    }
+    drop(servers);
+    Ok(pass)
+}

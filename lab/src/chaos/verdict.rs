@@ -1,0 +1,523 @@
+//! The verdict, from first principles: what the load saw accepted is in the event store; every stored
+//! event is in the stream exactly once and in its order's version order (read back from the stream);
+//! the projections equal a fold of the event store written here, in a few lines of its own; nothing is
+//! left unsent, dead, parked or held but what `hostile_publish` sent.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use anyhow::Context;
+use async_nats::jetstream;
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::faults::Injected;
+use super::fleet::{Fleet, PROJECTIONS};
+use super::load::Played;
+use super::watch::Drained;
+
+/// A loyalty point is earned per this many cents paid: the rule as the README states it, written
+/// here again on purpose rather than taken from the projection's code.
+const CENTS_PER_POINT: i64 = 100;
+
+/// What the verdict looks at.
+#[derive(Debug)]
+pub struct Evidence<'a> {
+    /// The event store.
+    pub pool: &'a PgPool,
+    /// The broker.
+    pub jetstream: &'a jetstream::Context,
+    /// The stream.
+    pub stream: &'a str,
+    /// The processes (for the projection binaries).
+    pub fleet: &'a Fleet,
+    /// What the load did.
+    pub played: &'a Played,
+    /// What the faults did.
+    pub injected: &'a Injected,
+    /// How the drain ended.
+    pub drained: &'a Drained,
+}
+
+/// The findings; the run passes when `violations` is empty.
+#[derive(Debug, Default, Serialize)]
+pub struct Verdict {
+    /// Events in the event store.
+    pub events: usize,
+    /// Orders in the event store.
+    pub orders: usize,
+    /// Accepted commands whose event is not in the event store.
+    pub lost_commands: usize,
+    /// Stored events missing from the stream.
+    pub missing_from_stream: usize,
+    /// Extra copies of stored events in the stream.
+    pub duplicates_in_stream: usize,
+    /// Stream messages (not hostile) whose event the store does not hold, or that cannot be read.
+    pub strangers_in_stream: usize,
+    /// Orders whose versions do not appear in the stream in increasing order.
+    pub out_of_order: usize,
+    /// Hostile messages found in the stream.
+    pub hostile_in_stream: usize,
+    /// Outbox rows by status other than sent.
+    pub outbox_unsent: BTreeMap<String, i64>,
+    /// Per projection, entries that differ from the fold (SKUs, customers, orders).
+    pub mismatches: BTreeMap<String, Vec<String>>,
+    /// Parked messages per projection.
+    pub parked: BTreeMap<String, usize>,
+    /// Held events per projection.
+    pub held: BTreeMap<String, usize>,
+    /// Every reason the run fails.
+    pub violations: Vec<String>,
+}
+
+impl Verdict {
+    /// True when nothing was violated.
+    pub fn pass(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// Accepted commands lost plus stored events missing from the stream.
+    pub fn lost(&self) -> usize {
+        self.lost_commands + self.missing_from_stream
+    }
+
+    /// Entries differing between projections and the fold, all projections together.
+    pub fn projection_mismatches(&self) -> usize {
+        self.mismatches.values().map(Vec::len).sum()
+    }
+}
+
+/// One stored event, as the fold needs it.
+#[derive(Debug, sqlx::FromRow)]
+struct StoredEvent {
+    event_id: Uuid,
+    event_type: String,
+    aggregate_id: Uuid,
+    aggregate_version: i64,
+    payload: Value,
+}
+
+/// Checks everything and returns the findings.
+pub async fn judge(evidence: Evidence<'_>) -> anyhow::Result<Verdict> {
+    let mut verdict = Verdict::default();
+    let events: Vec<StoredEvent> = sqlx::query_as(
+        "SELECT event_id, event_type, aggregate_id, aggregate_version, payload
+         FROM events ORDER BY aggregate_id, aggregate_version",
+    )
+    .fetch_all(evidence.pool)
+    .await
+    .context("reading the event store")?;
+    verdict.events = events.len();
+    verdict.orders = events
+        .iter()
+        .map(|e| e.aggregate_id)
+        .collect::<BTreeSet<_>>()
+        .len();
+
+    if !evidence.drained.complete {
+        verdict.violations.push(format!(
+            "the system did not drain within {:.0} s after the load; still to do: {:?}",
+            evidence.drained.seconds, evidence.drained.remaining
+        ));
+    }
+    for unexpected in evidence.played.unexpected.iter().take(5) {
+        verdict
+            .violations
+            .push(format!("the order service answered wrongly: {unexpected}"));
+    }
+
+    // Every accepted command is in the store.
+    let stored: HashMap<Uuid, &StoredEvent> = events.iter().map(|e| (e.event_id, e)).collect();
+    let lost: Vec<_> = evidence
+        .played
+        .accepted
+        .iter()
+        .filter(|a| !stored.contains_key(&a.event_id))
+        .collect();
+    verdict.lost_commands = lost.len();
+    if let Some(first) = lost.first() {
+        verdict.violations.push(format!(
+            "{} accepted command(s) have no event in the store, e.g. {} of order {} (event {})",
+            lost.len(),
+            first.command,
+            first.order_id,
+            first.event_id
+        ));
+    }
+
+    check_stream(&mut verdict, evidence.jetstream, evidence.stream, &stored).await?;
+    check_outbox(&mut verdict, evidence.pool).await?;
+    check_projections(&mut verdict, &evidence, &events).await?;
+    check_parked_and_held(&mut verdict, evidence.pool, evidence.injected).await?;
+    Ok(verdict)
+}
+
+/// Reads the whole stream back and compares it with the store.
+async fn check_stream(
+    verdict: &mut Verdict,
+    jetstream: &jetstream::Context,
+    stream: &str,
+    stored: &HashMap<Uuid, &StoredEvent>,
+) -> anyhow::Result<()> {
+    let messages = read_stream(jetstream, stream).await?;
+    let mut copies: HashMap<Uuid, usize> = HashMap::new();
+    let mut versions: BTreeMap<Uuid, Vec<i64>> = BTreeMap::new();
+    for message in &messages {
+        if message.hostile {
+            verdict.hostile_in_stream += 1;
+            continue;
+        }
+        let body: Option<(Uuid, Uuid, i64)> = serde_json::from_slice::<Value>(&message.body)
+            .ok()
+            .and_then(|v| {
+                Some((
+                    Uuid::parse_str(v["event_id"].as_str()?).ok()?,
+                    Uuid::parse_str(v["aggregate_id"].as_str()?).ok()?,
+                    v["aggregate_version"].as_i64()?,
+                ))
+            });
+        match body {
+            Some((event_id, aggregate_id, version))
+                if stored.get(&event_id).is_some_and(|e| {
+                    e.aggregate_id == aggregate_id && e.aggregate_version == version
+                }) =>
+            {
+                *copies.entry(event_id).or_default() += 1;
+                versions.entry(aggregate_id).or_default().push(version);
+            }
+            _ => verdict.strangers_in_stream += 1,
+        }
+    }
+    verdict.missing_from_stream = stored.keys().filter(|id| !copies.contains_key(id)).count();
+    verdict.duplicates_in_stream = copies.values().map(|n| n - 1).sum();
+    verdict.out_of_order = versions
+        .values()
+        .filter(|v| v.windows(2).any(|w| w[0] >= w[1]))
+        .count();
+    let counts = [
+        (
+            verdict.missing_from_stream,
+            "stored event(s) are missing from the stream",
+        ),
+        (
+            verdict.duplicates_in_stream,
+            "extra copies of stored events are in the stream",
+        ),
+        (
+            verdict.strangers_in_stream,
+            "message(s) in the stream are not hostile and not a stored event",
+        ),
+        (
+            verdict.out_of_order,
+            "order(s) have versions out of order in the stream",
+        ),
+    ];
+    for (count, what) in counts {
+        if count > 0 {
+            verdict.violations.push(format!("{count} {what}"));
+        }
+    }
+    Ok(())
+}
+
+/// A message read back.
+struct StreamMessage {
+    hostile: bool,
+    body: bytes::Bytes,
+}
+
+/// Every message of the stream, in order, through an ephemeral consumer that acknowledges nothing.
+async fn read_stream(
+    jetstream: &jetstream::Context,
+    stream: &str,
+) -> anyhow::Result<Vec<StreamMessage>> {
+    let mut stream = jetstream.get_stream(stream).await?;
+    let last = stream.info().await?.state.last_sequence;
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            deliver_policy: jetstream::consumer::DeliverPolicy::All,
+            ack_policy: jetstream::consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let mut read = Vec::new();
+    let mut sequence = 0;
+    while sequence < last {
+        let next = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("the stream stopped delivering at sequence {sequence} of {last}")
+            })?;
+        let Some(message) = next else { break };
+        let message = message.map_err(|e| anyhow::anyhow!("reading the stream: {e}"))?;
+        sequence = message
+            .info()
+            .map_err(|e| anyhow::anyhow!("a message without delivery info: {e}"))?
+            .stream_sequence;
+        let hostile = message
+            .headers
+            .as_ref()
+            .is_some_and(|h| h.get(super::HOSTILE_HEADER).is_some());
+        read.push(StreamMessage {
+            hostile,
+            body: message.payload.clone(),
+        });
+    }
+    Ok(read)
+}
+
+async fn check_outbox(verdict: &mut Verdict, pool: &PgPool) -> anyhow::Result<()> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT status, count(*) FROM outbox WHERE status <> 'sent' GROUP BY status ORDER BY status",
+    )
+    .fetch_all(pool)
+    .await?;
+    for (status, count) in &rows {
+        verdict
+            .violations
+            .push(format!("{count} outbox row(s) are {status}"));
+    }
+    verdict.outbox_unsent = rows.into_iter().collect();
+    Ok(())
+}
+
+/// What the projections should hold, folded from the stored events.
+#[derive(Debug, Default)]
+struct Folded {
+    /// SKU → [reserved, shipped, released].
+    stock: BTreeMap<String, [i64; 3]>,
+    /// Customer → points balance.
+    points: BTreeMap<String, i64>,
+    /// Order → status.
+    statuses: BTreeMap<Uuid, String>,
+}
+
+/// The fold: each order's lines, customer and payment, and what each event does to stock and points.
+fn fold(events: &[StoredEvent]) -> Folded {
+    #[derive(Default)]
+    struct Order {
+        customer: String,
+        lines: Vec<(String, i64)>,
+        paid: i64,
+    }
+    let mut folded = Folded::default();
+    let mut orders: HashMap<Uuid, Order> = HashMap::new();
+    for event in events {
+        let order = orders.entry(event.aggregate_id).or_default();
+        let payload = &event.payload;
+        let status = match event.event_type.as_str() {
+            "order.placed" => {
+                order.customer = payload["customer_id"].as_str().unwrap_or("").to_owned();
+                for line in payload["lines"].as_array().into_iter().flatten() {
+                    let sku = line["sku"].as_str().unwrap_or("").to_owned();
+                    let quantity = line["quantity"].as_i64().unwrap_or(0);
+                    folded.stock.entry(sku.clone()).or_default()[0] += quantity;
+                    order.lines.push((sku, quantity));
+                }
+                "placed"
+            }
+            "order.paid" => {
+                order.paid = payload["amount_cents"].as_i64().unwrap_or(0);
+                *folded.points.entry(order.customer.clone()).or_default() +=
+                    order.paid / CENTS_PER_POINT;
+                "paid"
+            }
+            "order.shipped" => {
+                for (sku, quantity) in &order.lines {
+                    let stock = folded.stock.entry(sku.clone()).or_default();
+                    stock[0] -= quantity;
+                    stock[1] += quantity;
+                }
+                "shipped"
+            }
+            "order.cancelled" => {
+                for (sku, quantity) in &order.lines {
+                    let stock = folded.stock.entry(sku.clone()).or_default();
+                    stock[0] -= quantity;
+                    stock[2] += quantity;
+                }
+                *folded.points.entry(order.customer.clone()).or_default() -=
+                    order.paid / CENTS_PER_POINT;
+                "cancelled"
+            }
+            other => other,
+        };
+        folded
+            .statuses
+            .insert(event.aggregate_id, status.to_owned());
+    }
+    folded
+}
+
+async fn check_projections(
+    verdict: &mut Verdict,
+    evidence: &Evidence<'_>,
+    events: &[StoredEvent],
+) -> anyhow::Result<()> {
+    let folded = fold(events);
+    let inventory = evidence
+        .fleet
+        .projection_json("inventory", &["show", "--json"])
+        .await?;
+    let mut stock: BTreeMap<String, [i64; 3]> = BTreeMap::new();
+    for row in inventory.as_array().into_iter().flatten() {
+        let field = |name: &str| row[name].as_i64().unwrap_or(i64::MIN);
+        stock.insert(
+            row["sku"].as_str().unwrap_or("").to_owned(),
+            [field("reserved"), field("shipped"), field("released")],
+        );
+    }
+    let points_shown = evidence
+        .fleet
+        .projection_json("points", &["show", "--json"])
+        .await?;
+    let mut points: BTreeMap<String, i64> = BTreeMap::new();
+    for account in points_shown.as_array().into_iter().flatten() {
+        points.insert(
+            account["customer_id"].as_str().unwrap_or("").to_owned(),
+            account["balance"].as_i64().unwrap_or(i64::MIN),
+        );
+    }
+    let documents: Vec<(Uuid, String)> =
+        sqlx::query_as("SELECT order_id, status FROM search.orders")
+            .fetch_all(evidence.pool)
+            .await
+            .context("reading the search projection's documents")?;
+    let statuses: BTreeMap<Uuid, String> = documents.iter().cloned().collect();
+
+    let inventory = differences(&folded.stock, &stock, [0; 3]);
+    let points = differences(&folded.points, &points, 0);
+    let mut search = differences(&folded.statuses, &statuses, String::new());
+    if documents.len() != statuses.len() {
+        search.push(format!(
+            "{} documents for {} orders",
+            documents.len(),
+            statuses.len()
+        ));
+    }
+    for (name, found) in [
+        ("inventory", inventory),
+        ("points", points),
+        ("search", search),
+    ] {
+        if !found.is_empty() {
+            verdict.violations.push(format!(
+                "{name} differs from the fold of the event store in {} entr(ies), e.g. {}",
+                found.len(),
+                found[0]
+            ));
+        }
+        verdict.mismatches.insert(name.to_owned(), found);
+    }
+    Ok(())
+}
+
+/// The keys whose values differ (a key missing on one side counts as `zero` there), described.
+fn differences<K: Ord + std::fmt::Display, V: PartialEq + std::fmt::Debug>(
+    expected: &BTreeMap<K, V>,
+    found: &BTreeMap<K, V>,
+    zero: V,
+) -> Vec<String> {
+    let keys: BTreeSet<&K> = expected.keys().chain(found.keys()).collect();
+    keys.into_iter()
+        .filter_map(|key| {
+            let want = expected.get(key).unwrap_or(&zero);
+            let have = found.get(key).unwrap_or(&zero);
+            (want != have)
+                .then(|| format!("{key}: the fold says {want:?}, the projection {have:?}"))
+        })
+        .collect()
+}
+
+async fn check_parked_and_held(
+    verdict: &mut Verdict,
+    pool: &PgPool,
+    injected: &Injected,
+) -> anyhow::Result<()> {
+    for projection in PROJECTIONS {
+        for (table, counts) in [("parked", &mut verdict.parked), ("held", &mut verdict.held)] {
+            // Both names come from the constant lists above, never from input.
+            let sql = format!("SELECT stream_sequence FROM {projection}.{table}");
+            let sequences: Vec<Option<i64>> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .fetch_all(pool)
+                .await
+                .with_context(|| format!("reading {projection}.{table}"))?;
+            counts.insert(projection.to_owned(), sequences.len());
+            let unexplained = sequences
+                .iter()
+                .filter(|s| !s.is_some_and(|s| injected.hostile_sequences.contains(&(s as u64))))
+                .count();
+            if unexplained > 0 {
+                verdict.violations.push(format!(
+                    "{projection} has {unexplained} {table} message(s) that hostile_publish did not send"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(order: u128, version: i64, event_type: &str, payload: Value) -> StoredEvent {
+        StoredEvent {
+            event_id: Uuid::from_u128(order * 100 + version as u128),
+            event_type: event_type.to_owned(),
+            aggregate_id: Uuid::from_u128(order),
+            aggregate_version: version,
+            payload,
+        }
+    }
+
+    #[test]
+    fn the_fold_moves_stock_and_points_through_each_lifecycle() {
+        let lines = json!([{"sku": "MUG", "quantity": 2, "unit_price_cents": 1250}, {"sku": "TEA", "quantity": 1, "unit_price_cents": 500}]);
+        let placed =
+            json!({"customer_id": "ann", "currency": "EUR", "lines": lines, "total_cents": 3000});
+        let paid = json!({"amount_cents": 3000, "payment_ref": null});
+        let events = vec![
+            // shipped
+            event(1, 1, "order.placed", placed.clone()),
+            event(1, 2, "order.paid", paid.clone()),
+            event(
+                1,
+                3,
+                "order.shipped",
+                json!({"carrier": "DHL", "tracking_number": "X"}),
+            ),
+            // refunded
+            event(2, 1, "order.placed", placed.clone()),
+            event(2, 2, "order.paid", paid),
+            event(2, 3, "order.cancelled", json!({"reason": "r"})),
+            // left placed
+            event(3, 1, "order.placed", placed),
+        ];
+        let folded = fold(&events);
+        assert_eq!(folded.stock["MUG"], [2, 2, 2]);
+        assert_eq!(folded.stock["TEA"], [1, 1, 1]);
+        assert_eq!(
+            folded.points["ann"], 30,
+            "one order's 30 points kept, the refund's taken back"
+        );
+        assert_eq!(folded.statuses[&Uuid::from_u128(1)], "shipped");
+        assert_eq!(folded.statuses[&Uuid::from_u128(2)], "cancelled");
+        assert_eq!(folded.statuses[&Uuid::from_u128(3)], "placed");
+    }
+
+    #[test]
+    fn differences_count_a_missing_key_as_zero_and_name_what_differs() {
+        let expected = BTreeMap::from([("a", 1), ("b", 0), ("c", 3)]);
+        let found = BTreeMap::from([("a", 1), ("c", 4), ("d", 0)]);
+        let differing = differences(&expected, &found, 0);
+        assert_eq!(differing.len(), 1, "{differing:?}");
+        assert!(differing[0].starts_with("c:"), "{differing:?}");
+    }
+}

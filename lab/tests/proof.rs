@@ -1,0 +1,51 @@
+//! The harness can fail: a projection built to ignore its checkpoint (the `broken-checkpoint` feature)
+//! applies replayed events again, and `waybill-lab chaos` must say so — exit 1, verdict `fail`, the
+//! inventory differing from the fold — while finding nothing else wrong.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn a_projection_that_ignores_its_checkpoint_fails_the_verdict() {
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the lab crate sits in the workspace")
+        .to_path_buf();
+    // Its own target directory: the broken binaries must never replace the real ones.
+    let broken = workspace.join("target").join("chaos-broken");
+    let built = Command::new(env!("CARGO"))
+        .current_dir(&workspace)
+        .args(["build", "--quiet", "-p", "projections", "--bins"])
+        .args(["--features", "broken-checkpoint", "--target-dir"])
+        .arg(&broken)
+        .status()
+        .expect("cargo runs");
+    assert!(built.success(), "the broken projections build");
+
+    let output = Command::new(env!("CARGO_BIN_EXE_waybill-lab"))
+        .args(["chaos", "--duration", "40s", "--seed", "11", "--json"])
+        .args(["--faults", "hostile_publish"])
+        .arg("--projection-binaries")
+        .arg(broken.join("debug"))
+        .output()
+        .expect("waybill-lab runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "a broken build must fail the run; its output:\n{stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("the report is JSON");
+    assert_eq!(report["verdict"], "fail", "{stderr}");
+    assert!(
+        report["mismatches"]["inventory"]
+            .as_array()
+            .is_some_and(|m| !m.is_empty()),
+        "the inventory applied replays twice, so it differs from the fold: {report:#}"
+    );
+    // Only the projection is broken: the rest of the pipeline still holds.
+    assert_eq!(report["lost"], 0, "{report:#}");
+    assert_eq!(report["duplicates_in_stream"], 0, "{report:#}");
+    assert_eq!(report["out_of_order"], 0, "{report:#}");
+}
