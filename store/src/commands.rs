@@ -176,7 +176,21 @@ impl EventStore {
                     actual: order.version,
                 });
             }
-            let events = order.decide(command)?;
+            let events = match order.decide(command) {
+                Ok(events) => events,
+                Err(refusal) => {
+                    // A retry that raced its own first attempt: the first check found no record
+                    // while the first attempt was still writing, and the state read since is the
+                    // one that attempt left (an order already paid refuses a second payment). The
+                    // record committed with those events: answer with it, not with the refusal.
+                    if let Some(key) = &context.idempotency_key
+                        && let Some(outcome) = self.recorded(key, &request).await?
+                    {
+                        return Ok(outcome);
+                    }
+                    return Err(refusal.into());
+                }
+            };
             let now = now();
             let envelopes: Vec<EventEnvelope> = events
                 .iter()

@@ -303,6 +303,35 @@ async fn concurrent_requests_with_one_key_write_once(pool: PgPool) {
     assert_eq!(count(&pool, "command_idempotency").await, 1);
 }
 
+/// The chaos harness's review found this one: a client retries a payment whose first attempt is still
+/// being written; the retry finds no record yet, then reads the order the first attempt left (paid)
+/// and would be refused with 409 — for a request that succeeded. The retry is started a little later
+/// each round, so that some land in that window.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_retry_racing_its_first_attempt_is_answered_not_refused(pool: PgPool) {
+    let store = EventStore::new(pool.clone());
+    for round in 0..150u64 {
+        let placed = store
+            .execute(new_order_id(), &place_command(), &CommandContext::default())
+            .await
+            .expect("place");
+        let context = CommandContext {
+            idempotency_key: Some(format!("pay-{round}")),
+            ..Default::default()
+        };
+        let pay = pay_command(3000);
+        let first = store.execute(placed.order_id, &pay, &context);
+        let retry = async {
+            tokio::time::sleep(std::time::Duration::from_micros(round % 30 * 100)).await;
+            store.execute(placed.order_id, &pay, &context).await
+        };
+        let (first, retry) = tokio::join!(first, retry);
+        first.expect("the first attempt succeeds");
+        let retry = retry.unwrap_or_else(|e| panic!("round {round}: the retry was refused: {e}"));
+        assert_eq!(retry.aggregate_version, 2);
+    }
+}
+
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn reusing_a_key_for_a_different_request_is_refused(pool: PgPool) {
     let store = EventStore::new(pool.clone());
