@@ -306,29 +306,28 @@ mod tests {
         assert!(server.url("x").ends_with("/x"));
     }
 
-    #[test]
-    fn a_crashed_server_resumes_on_its_port_with_its_data() {
+    /// Talks to the server through sqlx rather than `psql`, which a server-only install may lack.
+    #[tokio::test]
+    async fn a_crashed_server_resumes_on_its_port_with_its_data() {
+        use sqlx::Connection;
         let mut server = PostgresServer::start_with(true).expect("postgres starts");
-        let (client, port) = (server.bindir.join("psql"), server.port().to_string());
-        let psql = |sql: &str| {
-            let output = Command::new(&client)
-                .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"])
-                .args(["-d", "postgres", "-tAc", sql])
-                .output()
-                .expect("psql runs");
-            String::from_utf8_lossy(&output.stdout).trim().to_owned()
-        };
-        psql("CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)");
+        let url = server.url("postgres");
+        let mut connection = sqlx::PgConnection::connect(&url).await.expect("connects");
+        sqlx::raw_sql("CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)")
+            .execute(&mut connection)
+            .await
+            .expect("writes");
         server.crash();
         assert!(
             !reachable("127.0.0.1", server.port()),
             "a crashed server still answers"
         );
         server.resume().expect("resumes after crash recovery");
-        assert_eq!(
-            psql("SELECT x FROM kept"),
-            "42",
-            "a committed row survives the crash"
-        );
+        let mut connection = sqlx::PgConnection::connect(&url).await.expect("reconnects");
+        let kept: i32 = sqlx::query_scalar("SELECT x FROM kept")
+            .fetch_one(&mut connection)
+            .await
+            .expect("reads");
+        assert_eq!(kept, 42, "a committed row survives the crash");
     }
 }
