@@ -11,6 +11,11 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 use uuid::Uuid;
 
+/// The deliberately broken build (see Cargo.toml) needs the feature and `WAYBILL_BROKEN_BUILD` set at
+/// compile time, so that `--all-features` alone never builds it.
+const BROKEN_CHECKPOINT: bool =
+    cfg!(feature = "broken-checkpoint") && option_env!("WAYBILL_BROKEN_BUILD").is_some();
+
 /// What the runner decided for one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -180,7 +185,7 @@ impl Plan {
 
     fn consider(&mut self, offer: Offer) {
         let current = self.checkpoint(offer.aggregate_id);
-        if offer.version <= current.version && cfg!(feature = "broken-checkpoint") {
+        if offer.version <= current.version && BROKEN_CHECKPOINT {
             // The deliberately broken build (see Cargo.toml): a redelivery is applied again.
             self.outcome.apply.push(offer.slot);
             self.verdict(offer.slot, Verdict::Applied);
