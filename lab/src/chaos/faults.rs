@@ -13,7 +13,7 @@ use rand::seq::SliceRandom;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::fleet::{Fleet, Role, Servers};
+use super::fleet::{CLAIM_TIMEOUT, DEDUPE_WINDOW, Fleet, Role, Servers};
 use super::watch::Clock;
 
 /// A kind of fault.
@@ -76,9 +76,12 @@ impl FaultKind {
     }
 }
 
-/// How long a frozen relay stays frozen: past its claim timeout (4 s) and the dedupe window (5 s)
-/// that the fleet gives the relays.
-const RELAY_FROZEN: Duration = Duration::from_secs(7);
+/// How long a frozen relay stays frozen: until another relay has ended its claim (the claim timeout,
+/// or the reaper at 1.1 × it, checking once a second) and republished its rows, and then past the
+/// dedupe window, so that what the zombie still sends on waking is stopped by the broker fence alone.
+const RELAY_FROZEN: Duration = Duration::from_millis(
+    CLAIM_TIMEOUT.as_millis() as u64 * 11 / 10 + 1_000 + DEDUPE_WINDOW.as_millis() as u64 + 2_000,
+);
 /// How long a killed process or server stays down before it is started again.
 const PROCESS_DOWN: Duration = Duration::from_secs(1);
 const NATS_DOWN: Duration = Duration::from_secs(3);
@@ -87,6 +90,9 @@ const POSTGRES_DOWN: Duration = Duration::from_secs(2);
 /// the last seconds (so the last fault is over before the load stops).
 const WARM_UP: Duration = Duration::from_secs(8);
 const QUIET_END: Duration = Duration::from_secs(10);
+/// The least time between one fault being over and the next striking, so that each fault's recovery
+/// can be seen on its own (recovery is looked for only until the next fault).
+const SETTLE: Duration = Duration::from_secs(5);
 
 /// A fault due at a moment.
 #[derive(Debug, Clone, Copy)]
@@ -176,12 +182,16 @@ pub struct Context {
     pub clock: Clock,
 }
 
-/// Carries out the schedule, each fault at its moment (or right after the previous one, if that ran
-/// late), and returns what happened.
+/// Carries out the schedule, each fault at its moment or [`SETTLE`] after the previous one was over,
+/// whichever is later, and returns what happened.
 pub async fn inject(plan: Vec<Planned>, context: &Context, rng: &mut StdRng) -> Injected {
     let mut injected = Injected::default();
     for planned in plan {
-        if let Some(wait) = planned.at.checked_sub(context.clock.elapsed()) {
+        let settled = injected
+            .faults
+            .last()
+            .map_or(Duration::ZERO, |f| Duration::from_secs_f64(f.over) + SETTLE);
+        if let Some(wait) = planned.at.max(settled).checked_sub(context.clock.elapsed()) {
             tokio::time::sleep(wait).await;
         }
         let at = context.clock.seconds();
@@ -239,11 +249,12 @@ async fn strike(
         }
         FaultKind::ProjectionKill => {
             let projection = pick(fleet.names(Role::Projection).await, rng)?;
-            let in_flight = mid_batch(&context.jetstream, &projection).await;
+            let writing = mid_batch(&context.pool, &projection).await;
             fleet.kill_and_restart(&projection, PROCESS_DOWN).await?;
-            let moment = match in_flight {
-                Some(n) => format!("with {n} message(s) delivered and not yet acknowledged"),
-                None => "between batches (none was in flight within 3 s)".to_owned(),
+            let moment = if writing {
+                "while its batch transaction was open"
+            } else {
+                "between batches (no batch transaction was seen open within 3 s)"
             };
             Ok(format!(
                 "SIGKILL {projection} {moment}, restarted after {PROCESS_DOWN:?}"
@@ -263,30 +274,34 @@ async fn strike(
         }
         FaultKind::PgTerminate => terminate_sessions(&context.pool, rng).await,
         FaultKind::HostilePublish => {
-            let sent = super::hostile::publish(context, rng).await?;
+            let mut sent = super::hostile::Sent::default();
+            let outcome = super::hostile::publish(context, rng, &mut sent).await;
             injected.hostile_sent += sent.sequences.len() as u64;
             injected.hostile_sequences.extend(&sent.sequences);
-            Ok(sent.describe())
+            outcome.map(|()| sent.describe())
         }
     }
 }
 
-/// Waits (up to 3 s) for a moment when `projection` holds delivered messages it has not acknowledged —
-/// a batch in flight, seen from outside through its durable consumer — and returns how many.
-async fn mid_batch(jetstream: &jetstream::Context, projection: &str) -> Option<usize> {
+/// Waits (up to 3 s) for a moment when `projection` has a write transaction open — a batch being
+/// applied, seen from outside in `pg_stat_activity` — and says whether it found one.
+async fn mid_batch(pool: &PgPool, projection: &str) -> bool {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    let stream = jetstream.get_stream(super::STREAM).await.ok()?;
-    let mut consumer: jetstream::consumer::PullConsumer =
-        stream.get_consumer(projection).await.ok()?;
     while tokio::time::Instant::now() < deadline {
-        if let Ok(info) = consumer.info().await
-            && info.num_ack_pending > 0
-        {
-            return Some(info.num_ack_pending);
+        let open: Option<bool> = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                            WHERE application_name = $1 AND backend_xid IS NOT NULL)",
+        )
+        .bind(format!("waybill-{projection}"))
+        .fetch_one(pool)
+        .await
+        .ok();
+        if open == Some(true) {
+            return true;
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    None
+    false
 }
 
 /// Ends one to three random sessions of the relays and projections.

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as BlockingMutex};
 use std::time::Duration;
 
@@ -17,6 +18,11 @@ use tokio::sync::Mutex;
 
 /// The projections, by binary suffix; each consumes through the durable consumer of the same name.
 pub const PROJECTIONS: [&str; 3] = ["inventory", "points", "search"];
+/// The relays' claim timeout, shortened (from 30 s) so that a frozen relay outlives it within seconds.
+pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(4);
+/// JetStream's dedupe window, shortened (from 2 min) for the same reason: a zombie relay that wakes up
+/// after it can only be stopped by the broker fence.
+pub const DEDUPE_WINDOW: Duration = Duration::from_secs(3);
 
 /// Where each binary is.
 #[derive(Debug, Clone)]
@@ -57,6 +63,8 @@ pub struct Servers {
     pub nats_url: String,
     postgres: Arc<BlockingMutex<PostgresServer>>,
     nats: Arc<BlockingMutex<NatsServer>>,
+    /// nats-server's pid (0 while down), readable without waiting for a restart in progress.
+    nats_pid: Arc<AtomicU32>,
 }
 
 impl Servers {
@@ -72,6 +80,7 @@ impl Servers {
         Ok(Self {
             database_url: postgres.url(database),
             nats_url: nats.url(),
+            nats_pid: Arc::new(AtomicU32::new(nats.pid().unwrap_or(0))),
             postgres: Arc::new(BlockingMutex::new(postgres)),
             nats: Arc::new(BlockingMutex::new(nats)),
         })
@@ -108,19 +117,22 @@ impl Servers {
 
     /// Kills nats-server (SIGKILL), waits `down`, and starts it again on the same store.
     pub async fn restart_nats(&self, down: Duration) -> anyhow::Result<()> {
-        let server = self.nats.clone();
+        let (server, pid) = (self.nats.clone(), self.nats_pid.clone());
         tokio::task::spawn_blocking(move || {
             let mut server = server.lock().unwrap_or_else(|e| e.into_inner());
             server.stop();
+            pid.store(0, Ordering::Relaxed);
             std::thread::sleep(down);
-            server.resume()
+            let resumed = server.resume();
+            pid.store(server.pid().unwrap_or(0), Ordering::Relaxed);
+            resumed
         })
         .await?
     }
 
     /// The nats-server process id, when it runs.
     pub fn nats_pid(&self) -> Option<u32> {
-        self.nats.lock().ok()?.pid()
+        Some(self.nats_pid.load(Ordering::Relaxed)).filter(|pid| *pid != 0)
     }
 }
 
@@ -184,7 +196,10 @@ impl Fleet {
         subject_prefix: &str,
     ) -> anyhow::Result<Self> {
         let logs = ops::unique_temp_dir("waybill-chaos-logs", 0)?;
+        // The children get this environment and nothing else from ours: a WAYBILL_LISTEN or NATS
+        // credentials meant for another system must not reach them.
         let env = vec![
+            ("PATH".to_owned(), std::env::var("PATH").unwrap_or_default()),
             ("DATABASE_URL".to_owned(), servers.database_url.clone()),
             ("NATS_URL".to_owned(), servers.nats_url.clone()),
             ("WAYBILL_STREAM".to_owned(), stream.to_owned()),
@@ -199,6 +214,7 @@ impl Fleet {
         ];
         let migrate = Command::new(&binaries.waybill)
             .arg("migrate")
+            .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(logs.join("migrate.log"))?)
@@ -209,6 +225,26 @@ impl Fleet {
             migrate.success(),
             "waybill migrate failed; see {}",
             logs.join("migrate.log").display()
+        );
+
+        // The stream, once, before two relays start: each then only verifies it.
+        let provision = Command::new(&binaries.relay)
+            .arg("provision")
+            .args([
+                "--duplicate-window",
+                &humantime::format_duration(DEDUPE_WINDOW).to_string(),
+            ])
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(logs.join("provision.log"))?)
+            .status()
+            .await
+            .context("running waybill-relay provision")?;
+        anyhow::ensure!(
+            provision.success(),
+            "waybill-relay provision failed; see {}",
+            logs.join("provision.log").display()
         );
 
         let api_port = ops::free_port()?;
@@ -253,12 +289,12 @@ impl Fleet {
                     "run",
                     "--relay-id",
                     &format!("chaos-{relay}"),
-                    // Shortened so that a frozen relay outlives both within a few seconds, as the
+                    // Shortened so that a frozen relay outlives both within seconds, as the
                     // zombie-relay fault needs; retries are quicker and more patient in proportion.
                     "--claim-idle-timeout",
-                    "4s",
+                    &humantime::format_duration(CLAIM_TIMEOUT).to_string(),
                     "--duplicate-window",
-                    "5s",
+                    &humantime::format_duration(DEDUPE_WINDOW).to_string(),
                     "--backoff",
                     "250ms,500ms,1s,2s",
                     "--max-attempts",
@@ -306,6 +342,7 @@ impl Fleet {
             .join(format!("waybill-{projection}"));
         let output = Command::new(&program)
             .args(args)
+            .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .output()
             .await
@@ -346,6 +383,9 @@ impl Fleet {
             let mut processes = self.processes.lock().await;
             let process = find(&mut processes, name)?;
             if let Some(mut child) = process.child.take() {
+                if let Some(pid) = child.id() {
+                    process.peak_rss_kib = process.peak_rss_kib.max(peak_rss_kib(pid));
+                }
                 let _ = child.start_kill();
                 let _ = child.wait().await;
             }
@@ -355,6 +395,8 @@ impl Fleet {
         let mut processes = self.processes.lock().await;
         let process = find(&mut processes, name)?;
         process.restarts += 1;
+        // Should the start fail, the supervisor tries again.
+        process.held_down = false;
         self.spawn(process)
     }
 
@@ -452,6 +494,7 @@ impl Fleet {
             .open(self.logs.join(format!("{}.log", process.name)))?;
         let child = Command::new(&process.program)
             .args(&process.args)
+            .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
