@@ -27,7 +27,7 @@ pub struct Sent {
     /// The stream sequence of each stored message.
     pub sequences: Vec<u64>,
     /// Names of the kinds sent.
-    kinds: Vec<&'static str>,
+    pub kinds: Vec<&'static str>,
 }
 
 impl Sent {
@@ -43,8 +43,8 @@ impl Sent {
 
 /// Publishes one of each hostile kind (the replay only once a real event is old enough to have left
 /// the dedupe window).
-pub async fn publish(context: &Context, rng: &mut StdRng) -> anyhow::Result<Sent> {
-    let mut sent = Sent::default();
+/// What was stored is in `sent` even when a later publish fails.
+pub async fn publish(context: &Context, rng: &mut StdRng, sent: &mut Sent) -> anyhow::Result<()> {
     let placed: Option<String> = sqlx::query_scalar(
         "SELECT body FROM outbox WHERE event_type = 'order.placed' ORDER BY id DESC LIMIT 1",
     )
@@ -128,7 +128,7 @@ pub async fn publish(context: &Context, rng: &mut StdRng) -> anyhow::Result<Sent
     for _ in 0..BURST {
         let headers = hostile_headers(&[(wire::MSG_ID, Uuid::now_v7().to_string())]);
         let sequence = send(context, Uuid::now_v7(), headers, garbage(rng)).await?;
-        sent.sequences.push(sequence);
+        sent.sequences.extend(sequence);
     }
     sent.kinds.push("a burst of garbage");
 
@@ -146,7 +146,12 @@ pub async fn publish(context: &Context, rng: &mut StdRng) -> anyhow::Result<Sent
     )
     .fetch_optional(&context.pool)
     .await?;
-    if let Some(old) = old {
+    let Some(old) = old else {
+        sent.kinds
+            .push("no replay (no finished order old enough yet)");
+        return Ok(());
+    };
+    {
         let replay: Value = serde_json::from_str(&old)?;
         sent.push(
             "replay of a real event",
@@ -159,12 +164,12 @@ pub async fn publish(context: &Context, rng: &mut StdRng) -> anyhow::Result<Sent
             .await?,
         );
     }
-    Ok(sent)
+    Ok(())
 }
 
 impl Sent {
-    fn push(&mut self, kind: &'static str, sequence: u64) {
-        self.sequences.push(sequence);
+    fn push(&mut self, kind: &'static str, sequence: Option<u64>) {
+        self.sequences.extend(sequence);
         self.kinds.push(kind);
     }
 }
@@ -215,13 +220,14 @@ fn hostile_headers(pairs: &[(&str, String)]) -> HeaderMap {
     headers
 }
 
-/// Publishes on the subject of `aggregate` and returns the stream sequence the broker stored it at.
+/// Publishes on the subject of `aggregate` and returns the stream sequence the broker stored it at
+/// (`None` when the broker says it already held it: that sequence is another message's).
 async fn send(
     context: &Context,
     aggregate: Uuid,
     headers: HeaderMap,
     body: Vec<u8>,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<Option<u64>> {
     let subject = format!("{}.order.{aggregate}", context.subject_prefix);
     let publish = async {
         let ack = context
@@ -229,7 +235,7 @@ async fn send(
             .publish_with_headers(subject, headers, Bytes::from(body))
             .await?
             .await?;
-        anyhow::Ok(ack.sequence)
+        anyhow::Ok((!ack.duplicate).then_some(ack.sequence))
     };
     tokio::time::timeout(std::time::Duration::from_secs(5), publish)
         .await

@@ -57,8 +57,8 @@ pub struct Played {
     pub abandoned: usize,
     /// Ticks skipped because too many lifecycles were in flight.
     pub throttled: u64,
-    /// Answers that a correct service never gives to these commands (a 4xx to a retry, an accepted
-    /// command without an event id): each is a violation.
+    /// Answers that a correct service never gives to these commands (a 4xx to a well-formed command
+    /// of a valid lifecycle, first attempt or retry): each is a violation.
     pub unexpected: Vec<String>,
 }
 
@@ -193,7 +193,10 @@ impl Lifecycle {
                 .await;
             match sent {
                 Ok(response) if response.status().is_success() => {
-                    return self.accepted(name, response, attempt).await;
+                    if let Some(order) = self.accepted(name, response, attempt).await {
+                        return Some(order);
+                    }
+                    // Accepted, but the answer did not arrive whole: ask again under the same key.
                 }
                 Ok(response) if !response.status().is_server_error() => {
                     let status = response.status();
@@ -230,15 +233,15 @@ impl Lifecycle {
             .get("event-id")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| Uuid::parse_str(v).ok());
-        let status = response.status();
         let order: Value = response.json().await.unwrap_or(Value::Null);
         let order_id = order["order_id"]
             .as_str()
             .and_then(|v| Uuid::parse_str(v).ok());
         let (Some(event_id), Some(order_id)) = (event_id, order_id) else {
-            self.unexpected(format!(
-                "{name} answered {status} without an Event-Id header or an order id: {order}"
-            ));
+            tracing::warn!(
+                command = name,
+                "an accepted command's answer lacked its event id or order; asking again"
+            );
             return None;
         };
         let mut played = lock(&self.played);
