@@ -11,10 +11,18 @@ fn a_projection_that_ignores_its_checkpoint_fails_the_verdict() {
         .parent()
         .expect("the lab crate sits in the workspace")
         .to_path_buf();
+    // The real binaries the harness runs beside the broken ones, up to date.
+    let built = Command::new(env!("CARGO"))
+        .current_dir(&workspace)
+        .args(["build", "--quiet", "--workspace", "--bins"])
+        .status()
+        .expect("cargo runs");
+    assert!(built.success(), "the workspace's binaries build");
     // Its own target directory: the broken binaries must never replace the real ones.
     let broken = workspace.join("target").join("chaos-broken");
     let built = Command::new(env!("CARGO"))
         .current_dir(&workspace)
+        .env("WAYBILL_BROKEN_BUILD", "1")
         .args(["build", "--quiet", "-p", "projections", "--bins"])
         .args(["--features", "broken-checkpoint", "--target-dir"])
         .arg(&broken)
@@ -38,6 +46,20 @@ fn a_projection_that_ignores_its_checkpoint_fails_the_verdict() {
     let report: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("the report is JSON");
     assert_eq!(report["verdict"], "fail", "{stderr}");
+    let replays = report["fault_log"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| {
+            f["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("replay of a real event"))
+        })
+        .count();
+    assert!(
+        replays > 0,
+        "no replay was published, so the proof proves nothing: {report:#}"
+    );
     assert!(
         report["mismatches"]["inventory"]
             .as_array()

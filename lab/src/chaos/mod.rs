@@ -105,8 +105,8 @@ pub const HOSTILE_HEADER: &str = "Waybill-Chaos";
 pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
     let duration = args.duration.unwrap_or(args.profile.duration());
     anyhow::ensure!(
-        duration >= Duration::from_secs(20),
-        "--duration must be at least 20s: faults need room between the warm-up and the end"
+        duration >= Duration::from_secs(30),
+        "--duration must be at least 30s: faults need room between the warm-up and the end"
     );
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -119,7 +119,10 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
         args.faults.clone()
     };
     let rate = args.rate.unwrap_or(args.profile.rate());
-    anyhow::ensure!(rate > 0.0, "--rate must be positive");
+    anyhow::ensure!(
+        rate > 0.0 && rate <= 1000.0,
+        "--rate must be above 0 and at most 1000 lifecycles/s"
+    );
     let here = std::env::current_exe()?
         .parent()
         .map(PathBuf::from)
@@ -145,6 +148,60 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
         servers.database_url, servers.nats_url
     );
     let fleet = Arc::new(fleet::Fleet::start(binaries, &servers, STREAM, SUBJECT_PREFIX).await?);
+    let run = Run {
+        seed,
+        profile: args.profile,
+        duration,
+        rate,
+        kinds,
+        started,
+    };
+    // Ctrl-C or SIGTERM mid-run: stop the processes (thawing a frozen relay) and remove the servers,
+    // rather than leave them behind.
+    let pass = tokio::select! {
+        outcome = exercise(&run, &servers, fleet.clone(), args.json) => outcome?,
+        () = ops::shutdown_signal() => {
+            fleet.stop_all().await;
+            anyhow::bail!("interrupted: the processes are stopped and the private servers removed");
+        }
+    };
+    if args.keep {
+        eprintln!(
+            "chaos: keeping PostgreSQL ({}) and NATS ({}, stream {STREAM}) until SIGTERM/Ctrl-C",
+            servers.database_url, servers.nats_url
+        );
+        ops::shutdown_signal().await;
+    }
+    drop(servers);
+    Ok(pass)
+}
+
+/// What a run was asked to do.
+#[derive(Debug)]
+struct Run {
+    seed: u64,
+    profile: Profile,
+    duration: Duration,
+    rate: f64,
+    kinds: Vec<FaultKind>,
+    started: Instant,
+}
+
+/// Load, faults, drain, verdict and report; `Ok(true)` when the verdict is pass.
+async fn exercise(
+    run: &Run,
+    servers: &fleet::Servers,
+    fleet: Arc<fleet::Fleet>,
+    json: bool,
+) -> anyhow::Result<bool> {
+    let Run {
+        seed,
+        profile,
+        duration,
+        rate,
+        ref kinds,
+        started,
+    } = *run;
     let pool = servers.pool().await?;
     let nats = async_nats::ConnectOptions::new()
         .name("waybill-chaos")
@@ -163,7 +220,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
         servers.clone_handles(),
     );
     let load = load::Load::spawn(fleet.api_url(), rate, duration, seed, clock.clone());
-    let plan = faults::schedule(&kinds, duration, seed);
+    let plan = faults::schedule(kinds, duration, seed);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed_fa17);
     let context = faults::Context {
         fleet: fleet.clone(),
@@ -183,41 +240,35 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
     );
     let drained = watch::drain(&pool, &jetstream, &fleet, Duration::from_secs(180)).await;
     let samples = watcher.stop().await;
-    let verdict = verdict::judge(verdict::Evidence {
+    let mut verdict = verdict::judge(verdict::Evidence {
         pool: &pool,
         jetstream: &jetstream,
         stream: STREAM,
         fleet: &fleet,
         played: &played,
         injected: &injected,
+        kinds,
         drained: &drained,
     })
     .await?;
     let stopped = fleet.stop_all().await;
+    verdict.note_exits(&stopped);
     let report = report::Report::new(report::Inputs {
         seed,
-        profile: args.profile,
+        profile,
         duration,
         elapsed: started.elapsed(),
         verdict: &verdict,
         played: &played,
         injected: &injected,
         samples: &samples,
+        drained: &drained,
         stopped: &stopped,
         database_url: &servers.database_url,
         nats_url: &servers.nats_url,
         stream: STREAM,
         logs: fleet.logs(),
     });
-    report.print(args.json)?;
-    let pass = verdict.pass();
-    if args.keep {
-        eprintln!(
-            "chaos: keeping PostgreSQL ({}) and NATS ({}, stream {STREAM}) until SIGTERM/Ctrl-C",
-            servers.database_url, servers.nats_url
-        );
-        ops::shutdown_signal().await;
-    }
-    drop(servers);
-    Ok(pass)
+    report.print(json)?;
+    Ok(verdict.pass())
 }

@@ -12,7 +12,7 @@ use super::faults::{FaultKind, Injected};
 use super::fleet::ProcessSummary;
 use super::load::Played;
 use super::verdict::Verdict;
-use super::watch::Samples;
+use super::watch::{Drained, Samples};
 
 /// Everything the report is made of.
 #[derive(Debug)]
@@ -25,6 +25,7 @@ pub struct Inputs<'a> {
     pub played: &'a Played,
     pub injected: &'a Injected,
     pub samples: &'a Samples,
+    pub drained: &'a Drained,
     pub stopped: &'a [ProcessSummary],
     pub database_url: &'a str,
     pub nats_url: &'a str,
@@ -44,7 +45,8 @@ impl Report {
             .iter()
             .map(|k| (k.name(), inputs.injected.count(*k)))
             .collect();
-        let (normal, recovery, peak_backlog) = recovery(inputs.injected, inputs.samples);
+        let (normal, recovery, peak_backlog, unrecovered) =
+            recovery(inputs.injected, inputs.samples);
         let mut peak_rss: BTreeMap<String, f64> = inputs
             .stopped
             .iter()
@@ -86,9 +88,11 @@ impl Report {
             "held_by_projection": verdict.held,
             "hostile_sent": inputs.injected.hostile_sent,
             "hostile_in_stream": verdict.hostile_in_stream,
+            "drain_seconds": round(inputs.drained.seconds),
             "normal_backlog": normal,
             "recovery_seconds": recovery,
             "peak_backlog": peak_backlog,
+            "not_recovered_before_next_fault": unrecovered,
             "peak_rss_mib": peak_rss,
             "processes": inputs.stopped,
             "database_url": inputs.database_url,
@@ -128,6 +132,7 @@ impl Report {
             "load / whole run",
             format!("{} s / {} s", r["duration_s"], r["elapsed_s"]),
         );
+        line("drain after the load", format!("{} s", r["drain_seconds"]));
         line(
             "events / orders",
             format!("{} / {}", r["events"], r["orders"]),
@@ -201,8 +206,10 @@ fn round(value: f64) -> f64 {
 }
 
 /// The normal backlog (twice the 95th percentile before the first fault, at least 50) and, per kind,
-/// the longest time from a fault being over until the backlog was back at or under it, and the highest
-/// backlog seen from a fault's strike until then.
+/// the longest time from a fault being over until the backlog was back at or under it (looked for until
+/// the next fault; faults after which it was not are counted apart), and the highest backlog seen from
+/// a fault's strike until then.
+#[allow(clippy::type_complexity)]
 fn recovery(
     injected: &Injected,
     samples: &Samples,
@@ -210,6 +217,7 @@ fn recovery(
     u64,
     BTreeMap<&'static str, f64>,
     BTreeMap<&'static str, u64>,
+    BTreeMap<&'static str, usize>,
 ) {
     let first_fault = injected.faults.first().map_or(f64::MAX, |f| f.at);
     let mut before: Vec<u64> = samples
@@ -226,13 +234,23 @@ fn recovery(
     let normal = (p95 * 2).max(50);
     let mut worst: BTreeMap<&'static str, f64> = BTreeMap::new();
     let mut peaks: BTreeMap<&'static str, u64> = BTreeMap::new();
-    for fault in injected.faults.iter().filter(|f| f.error.is_none()) {
-        let recovered = samples
+    let mut unrecovered: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for (i, fault) in injected.faults.iter().enumerate() {
+        if fault.error.is_some() {
+            continue;
+        }
+        // A fault's recovery is looked for until the next fault strikes, not charged with its backlog.
+        let until = injected.faults.get(i + 1).map_or(f64::MAX, |next| next.at);
+        let Some(recovered) = samples
             .backlog
             .iter()
-            .find(|s| s.at >= fault.over && s.backlog.is_some_and(|b| b <= normal))
-            .or(samples.backlog.last())
-            .map_or(fault.over, |s| s.at.max(fault.over));
+            .filter(|s| s.at >= fault.over && s.at < until)
+            .find(|s| s.backlog.is_some_and(|b| b <= normal))
+            .map(|s| s.at)
+        else {
+            *unrecovered.entry(fault.kind.name()).or_default() += 1;
+            continue;
+        };
         let entry = worst.entry(fault.kind.name()).or_default();
         *entry = round(entry.max(recovered - fault.over));
         let peak = samples
@@ -245,5 +263,5 @@ fn recovery(
         let entry = peaks.entry(fault.kind.name()).or_default();
         *entry = (*entry).max(peak);
     }
-    (normal, worst, peaks)
+    (normal, worst, peaks, unrecovered)
 }

@@ -14,7 +14,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::faults::Injected;
+use super::faults::{FaultKind, Injected};
 use super::fleet::{Fleet, PROJECTIONS};
 use super::load::Played;
 use super::watch::Drained;
@@ -38,6 +38,8 @@ pub struct Evidence<'a> {
     pub played: &'a Played,
     /// What the faults did.
     pub injected: &'a Injected,
+    /// The kinds the run was asked for.
+    pub kinds: &'a [FaultKind],
     /// How the drain ended.
     pub drained: &'a Drained,
 }
@@ -77,6 +79,17 @@ impl Verdict {
     /// True when nothing was violated.
     pub fn pass(&self) -> bool {
         self.violations.is_empty()
+    }
+
+    /// A process that exited without being killed is a violation: the system must ride out every
+    /// fault without crashing (the harness restarted it, as a supervisor would, and counted it).
+    pub fn note_exits(&mut self, processes: &[super::fleet::ProcessSummary]) {
+        for process in processes.iter().filter(|p| p.unexpected_exits > 0) {
+            self.violations.push(format!(
+                "{} exited on its own {} time(s); its log says why",
+                process.name, process.unexpected_exits
+            ));
+        }
     }
 
     /// Accepted commands lost plus stored events missing from the stream.
@@ -121,6 +134,34 @@ pub async fn judge(evidence: Evidence<'_>) -> anyhow::Result<Verdict> {
         verdict.violations.push(format!(
             "the system did not drain within {:.0} s after the load; still to do: {:?}",
             evidence.drained.seconds, evidence.drained.remaining
+        ));
+    }
+    for kind in evidence.kinds {
+        if evidence.injected.count(*kind) == 0 {
+            verdict.violations.push(format!(
+                "no {} fault was carried out: the run did not test what it was asked to",
+                kind.name()
+            ));
+        }
+    }
+    for fault in &evidence.injected.faults {
+        if let Some(error) = &fault.error {
+            verdict.violations.push(format!(
+                "the {} fault at {:.1} s could not be carried out: {error}",
+                fault.kind.name(),
+                fault.at
+            ));
+        }
+    }
+    if evidence.played.accepted.is_empty() {
+        verdict
+            .violations
+            .push("the order service accepted no command at all".to_owned());
+    }
+    if evidence.played.abandoned > 0 {
+        verdict.violations.push(format!(
+            "{} lifecycle(s) were abandoned: a command still failed long after the load ended",
+            evidence.played.abandoned
         ));
     }
     for unexpected in evidence.played.unexpected.iter().take(5) {
@@ -293,8 +334,18 @@ struct Folded {
     stock: BTreeMap<String, [i64; 3]>,
     /// Customer → points balance.
     points: BTreeMap<String, i64>,
-    /// Order → status.
-    statuses: BTreeMap<Uuid, String>,
+    /// Order → its search document.
+    documents: BTreeMap<Uuid, Document>,
+    /// Order → its last version.
+    versions: BTreeMap<Uuid, i64>,
+}
+
+/// What the search index says of an order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Document {
+    status: String,
+    customer: String,
+    total_cents: i64,
 }
 
 /// The fold: each order's lines, customer and payment, and what each event does to stock and points.
@@ -302,6 +353,7 @@ fn fold(events: &[StoredEvent]) -> Folded {
     #[derive(Default)]
     struct Order {
         customer: String,
+        total_cents: i64,
         lines: Vec<(String, i64)>,
         paid: i64,
     }
@@ -313,6 +365,7 @@ fn fold(events: &[StoredEvent]) -> Folded {
         let status = match event.event_type.as_str() {
             "order.placed" => {
                 order.customer = payload["customer_id"].as_str().unwrap_or("").to_owned();
+                order.total_cents = payload["total_cents"].as_i64().unwrap_or(0);
                 for line in payload["lines"].as_array().into_iter().flatten() {
                     let sku = line["sku"].as_str().unwrap_or("").to_owned();
                     let quantity = line["quantity"].as_i64().unwrap_or(0);
@@ -347,9 +400,13 @@ fn fold(events: &[StoredEvent]) -> Folded {
             }
             other => other,
         };
+        let document = folded.documents.entry(event.aggregate_id).or_default();
+        document.status = status.to_owned();
+        document.customer.clone_from(&order.customer);
+        document.total_cents = order.total_cents;
         folded
-            .statuses
-            .insert(event.aggregate_id, status.to_owned());
+            .versions
+            .insert(event.aggregate_id, event.aggregate_version);
     }
     folded
 }
@@ -383,28 +440,50 @@ async fn check_projections(
             account["balance"].as_i64().unwrap_or(i64::MIN),
         );
     }
-    let documents: Vec<(Uuid, String)> =
-        sqlx::query_as("SELECT order_id, status FROM search.orders")
+    let documents: Vec<(Uuid, String, String, i64)> =
+        sqlx::query_as("SELECT order_id, status, customer_id, total_cents FROM search.orders")
             .fetch_all(evidence.pool)
             .await
             .context("reading the search projection's documents")?;
-    let statuses: BTreeMap<Uuid, String> = documents.iter().cloned().collect();
+    let documents: BTreeMap<Uuid, Document> = documents
+        .into_iter()
+        .map(|(id, status, customer, total_cents)| {
+            (
+                id,
+                Document {
+                    status,
+                    customer,
+                    total_cents,
+                },
+            )
+        })
+        .collect();
 
-    let inventory = differences(&folded.stock, &stock, [0; 3]);
-    let points = differences(&folded.points, &points, 0);
-    let mut search = differences(&folded.statuses, &statuses, String::new());
-    if documents.len() != statuses.len() {
-        search.push(format!(
-            "{} documents for {} orders",
-            documents.len(),
-            statuses.len()
-        ));
+    let mut found = vec![
+        ("inventory", differences(&folded.stock, &stock, [0; 3])),
+        ("points", differences(&folded.points, &points, 0)),
+        (
+            "search",
+            differences(&folded.documents, &documents, Document::default()),
+        ),
+    ];
+    // Each projection's checkpoint of each order is the order's last version: nothing skipped,
+    // nothing applied past the store, whatever field an event touches.
+    for (name, differing) in &mut found {
+        let sql = format!("SELECT aggregate_id, version FROM {name}.checkpoints");
+        let checkpoints: BTreeMap<Uuid, i64> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_all(evidence.pool)
+            .await
+            .with_context(|| format!("reading {name}.checkpoints"))?
+            .into_iter()
+            .collect();
+        differing.extend(
+            differences(&folded.versions, &checkpoints, 0)
+                .into_iter()
+                .map(|d| format!("checkpoint of {d}")),
+        );
     }
-    for (name, found) in [
-        ("inventory", inventory),
-        ("points", points),
-        ("search", search),
-    ] {
+    for (name, found) in found {
         if !found.is_empty() {
             verdict.violations.push(format!(
                 "{name} differs from the fold of the event store in {} entr(ies), e.g. {}",
@@ -442,15 +521,19 @@ async fn check_parked_and_held(
     for projection in PROJECTIONS {
         for (table, counts) in [("parked", &mut verdict.parked), ("held", &mut verdict.held)] {
             // Both names come from the constant lists above, never from input.
-            let sql = format!("SELECT stream_sequence FROM {projection}.{table}");
-            let sequences: Vec<Option<i64>> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            let sql = format!("SELECT stream_sequence, headers FROM {projection}.{table}");
+            let rows: Vec<(Option<i64>, Vec<u8>)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .fetch_all(pool)
                 .await
                 .with_context(|| format!("reading {projection}.{table}"))?;
-            counts.insert(projection.to_owned(), sequences.len());
-            let unexplained = sequences
+            counts.insert(projection.to_owned(), rows.len());
+            let unexplained = rows
                 .iter()
-                .filter(|s| !s.is_some_and(|s| injected.hostile_sequences.contains(&(s as u64))))
+                .filter(|(sequence, headers)| {
+                    let sent =
+                        sequence.is_some_and(|s| injected.hostile_sequences.contains(&(s as u64)));
+                    !sent && !marked_hostile(headers)
+                })
                 .count();
             if unexplained > 0 {
                 verdict.violations.push(format!(
@@ -460,6 +543,16 @@ async fn check_parked_and_held(
         }
     }
     Ok(())
+}
+
+/// True when stored headers (a JSON object of name → value) carry the hostile mark: a hostile message
+/// whose PubAck was lost still counts as hostile.
+fn marked_hostile(headers: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Map<String, Value>>(headers).is_ok_and(|headers| {
+        headers
+            .keys()
+            .any(|name| name.eq_ignore_ascii_case(super::HOSTILE_HEADER))
+    })
 }
 
 #[cfg(test)]
@@ -507,9 +600,13 @@ mod tests {
             folded.points["ann"], 30,
             "one order's 30 points kept, the refund's taken back"
         );
-        assert_eq!(folded.statuses[&Uuid::from_u128(1)], "shipped");
-        assert_eq!(folded.statuses[&Uuid::from_u128(2)], "cancelled");
-        assert_eq!(folded.statuses[&Uuid::from_u128(3)], "placed");
+        let status = |order| folded.documents[&Uuid::from_u128(order)].status.as_str();
+        assert_eq!(status(1), "shipped");
+        assert_eq!(status(2), "cancelled");
+        assert_eq!(status(3), "placed");
+        assert_eq!(folded.documents[&Uuid::from_u128(3)].total_cents, 3000);
+        assert_eq!(folded.versions[&Uuid::from_u128(1)], 3);
+        assert_eq!(folded.versions[&Uuid::from_u128(3)], 1);
     }
 
     #[test]
@@ -519,5 +616,15 @@ mod tests {
         let differing = differences(&expected, &found, 0);
         assert_eq!(differing.len(), 1, "{differing:?}");
         assert!(differing[0].starts_with("c:"), "{differing:?}");
+    }
+
+    #[test]
+    fn only_headers_carrying_the_chaos_mark_count_as_hostile() {
+        assert!(marked_hostile(
+            br#"{"Waybill-Chaos":"hostile","Nats-Msg-Id":"x"}"#
+        ));
+        assert!(marked_hostile(br#"{"waybill-chaos":"anything"}"#));
+        assert!(!marked_hostile(br#"{"Nats-Msg-Id":"x"}"#));
+        assert!(!marked_hostile(b"not json"));
     }
 }

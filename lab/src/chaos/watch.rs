@@ -80,8 +80,9 @@ impl Watcher {
                 if let Some(pid) = servers.nats_pid() {
                     samples.nats_peak_rss_kib = samples.nats_peak_rss_kib.max(peak_rss_kib(pid));
                 }
-                let at = clock.seconds();
                 let backlog = backlog(&pool, &jetstream).await.map(|b| b.total());
+                // Stamped when the reading is complete: a slow query must not date it early.
+                let at = clock.seconds();
                 samples.backlog.push(Sample { at, backlog });
             }
             samples
