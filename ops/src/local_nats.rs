@@ -138,9 +138,19 @@ fn wait_until_ready(log: &Path, port: u16, timeout: Duration) -> anyhow::Result<
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
+    Ok(free_ports(1)?[0])
+}
+
+/// `count` distinct ports that were free a moment ago on 127.0.0.1. Each is held until all are chosen:
+/// calls of [`free_port`] one after another may be handed the same port, since none is still bound.
+pub fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+    let held = (0..count)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(held
+        .iter()
+        .map(|listener| listener.local_addr().map(|a| a.port()))
+        .collect::<Result<_, _>>()?)
 }
 
 /// Looks `name` up on PATH and in the sbin folders, where Debian installs server binaries.
@@ -166,6 +176,13 @@ pub fn unique_temp_dir(prefix: &str, salt: u16) -> anyhow::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ports_chosen_together_are_distinct() {
+        let ports = free_ports(50).expect("ports");
+        let distinct: std::collections::BTreeSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), 50, "{ports:?}");
+    }
 
     #[test]
     fn a_private_server_starts_stops_and_resumes_on_its_port() {

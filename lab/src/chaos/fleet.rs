@@ -212,46 +212,20 @@ impl Fleet {
                 "info,sqlx=warn,async_nats=warn".to_owned(),
             ),
         ];
-        let migrate = Command::new(&binaries.waybill)
-            .arg("migrate")
-            .env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(logs.join("migrate.log"))?)
-            .status()
-            .await
-            .context("running waybill migrate")?;
-        anyhow::ensure!(
-            migrate.success(),
-            "waybill migrate failed; see {}",
-            logs.join("migrate.log").display()
-        );
-
+        run_once(&binaries.waybill, &["migrate"], "migrate", &env, &logs).await?;
         // The stream, once, before two relays start: each then only verifies it.
-        let provision = Command::new(&binaries.relay)
-            .arg("provision")
-            .args([
-                "--duplicate-window",
-                &humantime::format_duration(DEDUPE_WINDOW).to_string(),
-            ])
-            .env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(logs.join("provision.log"))?)
-            .status()
-            .await
-            .context("running waybill-relay provision")?;
-        anyhow::ensure!(
-            provision.success(),
-            "waybill-relay provision failed; see {}",
-            logs.join("provision.log").display()
-        );
+        let window = humantime::format_duration(DEDUPE_WINDOW).to_string();
+        let provision = ["provision", "--duplicate-window", &window];
+        run_once(&binaries.relay, &provision, "provision", &env, &logs).await?;
 
-        let api_port = ops::free_port()?;
+        // Every listening port chosen at once, so that no two processes are handed the same one.
+        let mut ports = ops::free_ports(2 + 2 + PROJECTIONS.len())?.into_iter();
+        let mut next_port = move || ports.next().context("more processes than ports chosen");
+        let api_port = next_port()?;
         let mut health = Vec::new();
         let mut processes = Vec::new();
         let mut add = |name: &str, role: Role, program: &Path, mut args: Vec<String>| {
-            let metrics = ops::free_port()?;
+            let metrics = next_port()?;
             args.extend([
                 "--metrics-listen".to_owned(),
                 format!("127.0.0.1:{metrics}"),
@@ -565,4 +539,27 @@ pub fn peak_rss_kib(pid: u32) -> u64 {
                 .and_then(|kib| kib.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// Runs a one-off command of the system to its end (its standard error in `<name>.log` under `logs`),
+/// failing when it fails.
+async fn run_once(
+    binary: &Path,
+    args: &[&str],
+    name: &str,
+    env: &[(String, String)],
+    logs: &Path,
+) -> anyhow::Result<()> {
+    let log = logs.join(format!("{name}.log"));
+    let status = Command::new(binary)
+        .args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .status()
+        .await
+        .with_context(|| format!("running {} {name}", binary.display()))?;
+    anyhow::ensure!(status.success(), "{name} failed; see {}", log.display());
+    Ok(())
 }
