@@ -1,6 +1,7 @@
-//! Process plumbing shared by every waybill binary: logging, shutdown signals, the hardened HTTP
-//! edge, the metrics and health endpoint, private broker instances, and measurement helpers for the benchmark programs.
+//! Process plumbing shared by every waybill binary: logging, shutdown signals, PostgreSQL connections,
+//! the hardened HTTP edge, the metrics and health endpoint, private broker instances, and measurement helpers for the benchmark programs.
 
+pub mod database;
 mod edge;
 mod exit;
 mod local_nats;

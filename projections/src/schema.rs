@@ -72,10 +72,10 @@ const RUNNER_TABLES: &str = "
 /// (`search_path` = the schema), so projection SQL stays unqualified.
 pub async fn connect(database_url: &str, schema: &str, tables: &str) -> anyhow::Result<PgPool> {
     check_name(schema)?;
-    store::ensure_database(database_url)
+    ops::database::ensure_database(database_url)
         .await
         .with_context(|| format!("creating or opening the database for the {schema} projection"))?;
-    let pool = store::connect_with(
+    let pool = ops::database::connect_with(
         database_url,
         &format!("waybill-{schema}"),
         4,

@@ -12,9 +12,12 @@ pub mod roles;
 
 pub use append::{AppendError, AppendOptions, AppendResult, append};
 pub use commands::{CommandContext, CommandError, CommandOutcome, EventStore};
-pub use database::{
+pub use database::migrate;
+// Connecting moved to `ops::database` so that the read side need not link the event store; the names
+// stay reachable here for the write side's callers.
+pub use ops::database::{
     connect, connect_options, connect_with, ensure_database, has_sqlstate, is_undefined_table,
-    migrate, with_database,
+    with_database,
 };
 pub use load::{LoadError, envelope_from_row, load_envelopes, load_order};
 pub use notify::{OUTBOX_CHANNEL, OutboxNotifier, notify_now};
