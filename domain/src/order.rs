@@ -619,13 +619,4 @@ mod tests {
             assert!(err.to_string().contains("not found"));
         }
     }
-
-    #[test]
-    fn deciding_never_changes_the_state() {
-        let order = placed();
-        let before = order.clone();
-        let _ = order.decide(&pay(3000));
-        let _ = order.decide(&ship());
-        assert_eq!(order, before);
-    }
 }
