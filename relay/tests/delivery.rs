@@ -458,7 +458,18 @@ async fn a_new_row_is_picked_up_by_notification_not_by_polling(pool: PgPool) {
                 .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await; // the listener connects
+    // The relay hears of new rows only once its listener's LISTEN has run: wait for that session.
+    wait_until(Duration::from_secs(10), "the relay's LISTEN", || async {
+        let listening: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&h.pool)
+        .await
+        .expect("pg_stat_activity");
+        listening > 0
+    })
+    .await;
 
     let store = h.store.clone().with_notifier(store::OutboxNotifier::spawn(
         h.pool.clone(),
