@@ -275,13 +275,24 @@ fn find_bindir() -> Option<PathBuf> {
             return Some(dir);
         }
     }
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+    std::fs::read_dir("/usr/lib/postgresql")
         .ok()?
-        .filter_map(|e| Some(e.ok()?.path().join("bin")))
-        .filter(|dir| has_both(dir))
-        .collect();
-    versions.sort();
-    versions.pop()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            Some((
+                version_of(&e.file_name().to_string_lossy())?,
+                e.path().join("bin"),
+            ))
+        })
+        .filter(|(_, dir)| has_both(dir))
+        .max_by_key(|(version, _)| version.clone())
+        .map(|(_, dir)| dir)
+}
+
+/// A Debian version folder's name ("15", "9.6") as numbers, so that 16 is newer than 9.6 (as text,
+/// "9.6" sorts after "16"); `None` for a name that is not a version.
+fn version_of(name: &str) -> Option<Vec<u32>> {
+    name.split('.').map(|part| part.parse().ok()).collect()
 }
 
 /// True when something accepts TCP connections at `host:port`.
@@ -304,6 +315,13 @@ mod tests {
         let server = PostgresServer::start().expect("postgres starts");
         assert!(reachable("127.0.0.1", server.port()));
         assert!(server.url("x").ends_with("/x"));
+    }
+
+    #[test]
+    fn versions_compare_by_number_not_as_text() {
+        assert!(version_of("16") > version_of("9.6"));
+        assert!(version_of("9.6") > version_of("9"));
+        assert_eq!(version_of("main"), None);
     }
 
     /// Talks to the server through sqlx rather than `psql`, which a server-only install may lack.
