@@ -18,13 +18,26 @@ use uuid::Uuid;
 pub struct Settlement {
     /// Rows JetStream acknowledged, with their stream sequences (unknown for some fenced rows).
     pub sent: Vec<(i64, Option<i64>)>,
-    /// Rows whose publish failed: id, new status (`failed` or `dead`), retry delay, error.
-    pub failed: Vec<(i64, &'static str, f64, String)>,
+    /// Rows whose publish failed.
+    pub failed: Vec<FailedRow>,
     /// Later versions behind a failed row: id and the delay of the row they wait for (`None`: its head
     /// is dead, they wait until it is replayed).
     pub held: Vec<(i64, Option<f64>)>,
     /// Rows whose publish outcome is unknown: they stay in the journal.
     pub ambiguous: Vec<i64>,
+}
+
+/// A row whose publish failed, as the settle statement marks it.
+#[derive(Debug)]
+pub struct FailedRow {
+    /// The outbox row.
+    pub id: i64,
+    /// `failed` (retried later) or `dead` (out of attempts).
+    pub status: &'static str,
+    /// When to retry, from now.
+    pub retry_in_seconds: f64,
+    /// Why it failed, kept in `last_error`.
+    pub error: String,
 }
 
 /// What the settle statement changed.
@@ -49,12 +62,12 @@ impl Settlement {
         error: String,
     ) -> bool {
         let dead = failures >= max_attempts;
-        self.failed.push((
+        self.failed.push(FailedRow {
             id,
-            if dead { "dead" } else { "failed" },
-            delay.as_secs_f64(),
+            status: if dead { "dead" } else { "failed" },
+            retry_in_seconds: delay.as_secs_f64(),
             error,
-        ));
+        });
         dead
     }
 }
@@ -108,10 +121,10 @@ pub async fn settle(
     )
     .bind(settlement.sent.iter().map(|(id, _)| *id).collect::<Vec<_>>())
     .bind(settlement.sent.iter().map(|(_, seq)| *seq).collect::<Vec<_>>())
-    .bind(settlement.failed.iter().map(|f| f.0).collect::<Vec<_>>())
-    .bind(settlement.failed.iter().map(|f| f.1).collect::<Vec<_>>())
-    .bind(settlement.failed.iter().map(|f| f.2).collect::<Vec<_>>())
-    .bind(settlement.failed.iter().map(|f| f.3.as_str()).collect::<Vec<_>>())
+    .bind(settlement.failed.iter().map(|f| f.id).collect::<Vec<_>>())
+    .bind(settlement.failed.iter().map(|f| f.status).collect::<Vec<_>>())
+    .bind(settlement.failed.iter().map(|f| f.retry_in_seconds).collect::<Vec<_>>())
+    .bind(settlement.failed.iter().map(|f| f.error.as_str()).collect::<Vec<_>>())
     .bind(settlement.held.iter().map(|h| h.0).collect::<Vec<_>>())
     .bind(settlement.held.iter().map(|h| h.1).collect::<Vec<_>>())
     .bind(relay_id)
