@@ -61,6 +61,11 @@ impl Backoff {
     pub fn schedule(&self) -> &[Duration] {
         &self.schedule
     }
+
+    /// The jitter fraction.
+    pub fn jitter(&self) -> f64 {
+        self.jitter
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -62,9 +62,20 @@ struct Connection {
     /// JetStream's dedupe window for Nats-Msg-Id (sized in ARCHITECTURE.md: longer than a crashed
     /// relay's rows take to be re-claimed, short enough for the server memory it costs). Past it, the
     /// fence (Nats-Expected-Last-Subject-Sequence) still keeps each event once and in order.
-    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration, global = true)]
-    duplicate_window: Duration,
+    #[arg(long, value_name = "DURATION", default_value_t = StreamSettings::default().duplicate_window.into(), global = true)]
+    duplicate_window: humantime::Duration,
 }
+
+/// The library's defaults, which the flags' defaults are taken from (so `--help` cannot drift from them).
+static DEFAULTS: LazyLock<RelayConfig> = LazyLock::new(RelayConfig::default);
+/// The default retry schedule as `--backoff` spells it.
+static DEFAULT_BACKOFF: LazyLock<String> = LazyLock::new(|| {
+    let schedule = DEFAULTS.backoff.schedule().iter();
+    let parts: Vec<String> = schedule
+        .map(|d| humantime::format_duration(*d).to_string())
+        .collect();
+    parts.join(",")
+});
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -95,43 +106,43 @@ struct RunArgs {
     relay_id: Option<String>,
 
     /// Aggregate heads claimed per step.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = DEFAULTS.batch_size)]
     batch_size: i64,
 
     /// Rows claimed per step at most, heads plus their following versions.
-    #[arg(long, default_value_t = 4000)]
+    #[arg(long, default_value_t = DEFAULTS.max_rows)]
     max_rows: i64,
 
     /// Publishes awaiting their PubAck at once.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = DEFAULTS.max_in_flight)]
     max_in_flight: usize,
 
     /// Steps in progress at once, each its own claim transaction: one lane's database work overlaps
     /// another's publishing.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = DEFAULTS.lanes)]
     lanes: usize,
 
     /// Failed publishes before a row is dead.
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, default_value_t = DEFAULTS.max_attempts)]
     max_attempts: i32,
 
     /// Retry delays (the last one repeats); ±20 % jitter is added.
-    #[arg(long, default_value = "1s,5s,30s,2m,10m", value_parser = Backoff::parse_schedule)]
+    #[arg(long, default_value = DEFAULT_BACKOFF.as_str(), value_parser = Backoff::parse_schedule)]
     backoff: std::vec::Vec<Duration>,
 
     /// How long to wait for a PubAck (at most a quarter of --claim-idle-timeout is used).
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
-    publish_timeout: Duration,
+    #[arg(long, default_value_t = DEFAULTS.publish_timeout.into())]
+    publish_timeout: humantime::Duration,
 
     /// How often to look for due rows when no notification arrives.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    poll_interval: Duration,
+    #[arg(long, default_value_t = DEFAULTS.poll_interval.into())]
+    poll_interval: humantime::Duration,
 
     /// How long a claim may live: PostgreSQL ends a claim transaction idle this long, and other relays
     /// end one older than this (a relay frozen mid-claim), releasing its rows. Give every relay the
     /// same value. A step starts publishes for at most half of it.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-    claim_idle_timeout: Duration,
+    #[arg(long, default_value_t = DEFAULTS.claim_idle_timeout.into())]
+    claim_idle_timeout: humantime::Duration,
 
     /// Do not create or verify the stream at start.
     #[arg(long)]
@@ -157,7 +168,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let stream = StreamSettings {
         name: cli.connection.stream.clone(),
         subject_prefix: cli.connection.subject_prefix.clone(),
-        duplicate_window: cli.connection.duplicate_window,
+        duplicate_window: cli.connection.duplicate_window.into(),
     };
     match cli.command {
         Command::Run(args) => relay_run(&cli.connection, stream, args, cli.json).await,
@@ -210,10 +221,10 @@ async fn relay_run(
         max_in_flight: args.max_in_flight.max(1),
         lanes: args.lanes.max(1),
         max_attempts: args.max_attempts.max(1),
-        backoff: Backoff::new(args.backoff, 0.2),
-        publish_timeout: args.publish_timeout,
-        poll_interval: args.poll_interval,
-        claim_idle_timeout: args.claim_idle_timeout,
+        backoff: Backoff::new(args.backoff, DEFAULTS.backoff.jitter()),
+        publish_timeout: args.publish_timeout.into(),
+        poll_interval: args.poll_interval.into(),
+        claim_idle_timeout: args.claim_idle_timeout.into(),
         ..RelayConfig::default()
     };
     if let Some(id) = args.relay_id {
