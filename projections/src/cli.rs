@@ -103,12 +103,12 @@ pub struct Connection {
     pub subject_prefix: String,
 
     /// Messages applied per database transaction at most.
-    #[arg(long, default_value_t = 500, global = true)]
+    #[arg(long, default_value_t = RunnerConfig::default().batch_size, global = true)]
     pub batch_size: usize,
 
     /// How long the broker waits for an ack before redelivering a message.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, global = true)]
-    pub ack_wait: Duration,
+    #[arg(long, default_value_t = RunnerConfig::default().ack_wait.into(), global = true)]
+    pub ack_wait: humantime::Duration,
 }
 
 /// The commands every projection has.
@@ -244,7 +244,7 @@ impl Connection {
             stream: self.stream.clone(),
             subject_prefix: self.subject_prefix.clone(),
             batch_size: self.batch_size.max(1),
-            ack_wait: self.ack_wait,
+            ack_wait: self.ack_wait.into(),
             ..RunnerConfig::default()
         }
     }
