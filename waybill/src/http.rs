@@ -24,6 +24,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The service's routes. `/metrics` and `/health` are not among them: they are served on their own
 /// listener (`--metrics-listen`), apart from the public API.
 pub fn router(store: EventStore) -> Router {
+    describe_metrics();
     Router::new()
         .route("/orders", post(place))
         .route("/orders/{id}", get(show))
@@ -556,6 +557,21 @@ fn is_traceparent(text: &str) -> bool {
             .iter()
             .zip(&parts)
             .all(|(len, part)| part.len() == *len && part.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// Registers the HELP text of the metrics [`observe`] records, so a scrape explains every family. It
+/// goes to the recorder installed at the time (`waybill serve` installs it before building the router);
+/// without one it does nothing.
+fn describe_metrics() {
+    metrics::describe_counter!(
+        "waybill_http_requests_total",
+        "HTTP requests answered by the order service, by method, matched route (or `unmatched`) and status."
+    );
+    metrics::describe_histogram!(
+        "waybill_http_request_seconds",
+        metrics::Unit::Seconds,
+        "Time from receiving an HTTP request to having its response, by matched route."
+    );
 }
 
 /// Logs every request and counts it by route and status.

@@ -1,5 +1,6 @@
 //! The OpenAPI 3.1 document of the order service, served at `/openapi.json`. A test checks that every
-//! operation it lists is routed and that every route is listed.
+//! operation it lists is routed and that every route is listed; `tests/openapi_contract.rs` checks
+//! every status, header and body the running service sends against it.
 
 use serde_json::{Value, json};
 
@@ -19,32 +20,50 @@ fn problem(description: &str) -> Value {
     json!({"description": description, "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}})
 }
 
-fn order(description: &str) -> Value {
+/// The problems every order operation can answer besides its own: a fault on the database's side
+/// (500) and the edge's request timeout (503, `ops::edge`).
+fn faults(responses: &mut Value) {
+    responses["500"] =
+        problem("The request could not be completed (a database fault); retry later");
+    responses["503"] = problem("The request was not completed within the request timeout");
+}
+
+/// An order in the body, with exactly the `headers` (names in `components.headers`) the service sends.
+fn order(description: &str, headers: &[&str]) -> Value {
+    let headers: serde_json::Map<String, Value> = headers
+        .iter()
+        .map(|name| {
+            let key = name.replace('-', "");
+            (
+                (*name).to_owned(),
+                json!({"$ref": format!("#/components/headers/{key}")}),
+            )
+        })
+        .collect();
     json!({
         "description": description,
-        "headers": {
-            "ETag": {"description": "The order's version, for If-Match", "schema": {"type": "string"}},
-            "Event-Id": {"description": "The event the command recorded", "schema": {"type": "string", "format": "uuid"}}
-        },
+        "headers": headers,
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Order"}}}
     })
 }
 
-fn command(summary: &str, body: &str, extra: &[(&str, Value)]) -> Value {
+/// The headers of an answer to a command: what `http::respond` sets.
+const CHANGED: &[&str] = &["ETag", "Event-Id", "Idempotent-Replayed"];
+
+fn command(operation_id: &str, summary: &str, body: &str) -> Value {
     let mut responses = json!({
-        "200": order("The order after the command"),
-        "400": problem("Malformed body, order id, If-Match or header"),
+        "200": order("The order after the command (also the answer to a retry with the same Idempotency-Key, marked Idempotent-Replayed: true)", CHANGED),
+        "400": problem("Malformed body, order id, If-Match, Idempotency-Key or X-Correlation-Id"),
         "404": problem("Unknown order"),
         "409": problem("Illegal transition, or a race lost too often"),
         "412": problem("If-Match names a version the order is no longer at, or is a weak tag"),
         "413": problem("Body too large"),
         "415": problem("Body is not application/json"),
-        "422": problem("A refused domain rule or invalid value"),
+        "422": problem("A refused domain rule or invalid value, or an Idempotency-Key reused for another request"),
     });
-    for (status, response) in extra {
-        responses[*status] = response.clone();
-    }
+    faults(&mut responses);
     json!({
+        "operationId": operation_id,
         "summary": summary,
         "parameters": [
             {"$ref": "#/components/parameters/OrderId"},
@@ -68,40 +87,93 @@ fn order_example() -> Value {
     })
 }
 
+/// `/health` and `/metrics` (`ops::telemetry_routes`). They are served on the `--metrics-listen`
+/// address, not on the API's, so they are reusable path items in `components.pathItems` with their
+/// own `servers` rather than entries of `paths`: every entry of `paths` is a route of this listener.
+fn telemetry() -> Value {
+    let servers = json!([{
+        "url": "http://{metricsListen}",
+        "description": "The --metrics-listen address",
+        "variables": {"metricsListen": {"default": "127.0.0.1:9463"}}
+    }]);
+    let health = |description: &str| json!({"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}});
+    json!({
+        "Health": {"servers": servers, "get": {
+            "operationId": "getHealth",
+            "summary": "Whether the service can reach its database",
+            "responses": {"200": health("Healthy"), "503": health("The database does not answer")}
+        }},
+        "Metrics": {"servers": servers, "get": {
+            "operationId": "getMetrics",
+            "summary": "Prometheus metrics in the text exposition format (version 0.0.4)",
+            "responses": {"200": {"description": "The metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}}
+        }}
+    })
+}
+
 /// The document.
 pub fn document() -> Value {
     let string = |pattern: &str| json!({"type": "string", "pattern": pattern});
+    // Integers held in an i64 by the service; `int64` tells generated clients not to use 32 bits.
+    let int64 = |minimum: Option<i64>, maximum: Option<i64>| {
+        let mut schema = json!({"type": "integer", "format": "int64"});
+        if let Some(minimum) = minimum {
+            schema["minimum"] = json!(minimum);
+        }
+        if let Some(maximum) = maximum {
+            schema["maximum"] = json!(maximum);
+        }
+        schema
+    };
+    let mut place = json!({
+        "201": order("The placed order (also the answer to a retry with the same Idempotency-Key, marked Idempotent-Replayed: true)", &["ETag", "Location", "Event-Id", "Idempotent-Replayed"]),
+        "400": problem("Malformed body, Idempotency-Key or X-Correlation-Id"),
+        "413": problem("Body too large"),
+        "415": problem("Body is not application/json"),
+        "422": problem("A refused domain rule or invalid value, or an Idempotency-Key reused for another request")
+    });
+    faults(&mut place);
+    let mut show = json!({"200": order("The order", &["ETag"]), "400": problem("Malformed order id"), "404": problem("Unknown order")});
+    faults(&mut show);
     json!({
         "openapi": "3.1.0",
         "info": {
             "title": "waybill order service",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Commands write events and their outbox rows in one transaction; the relay publishes them to NATS JetStream. Errors are RFC 9457 problem details, including 404 for an unknown route, 405 for a method a route does not take and 503 for a request over the request timeout. /metrics and /health are served on the separate --metrics-listen address."
+            "description": "Commands write events and their outbox rows in one transaction; the relay publishes them to NATS JetStream. Errors are RFC 9457 problem details, including 404 for an unknown route, 405 for a method a route does not take and 503 for a request over the request timeout. /metrics and /health are served on the separate --metrics-listen address (components.pathItems Health and Metrics)."
         },
+        "servers": [{"url": "/"}],
         "paths": {
             "/orders": {"post": {
+                "operationId": "placeOrder",
                 "summary": "Place an order",
                 "parameters": [{"$ref": "#/components/parameters/IdempotencyKey"}, {"$ref": "#/components/parameters/CorrelationId"}],
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PlaceRequest"}}}},
-                "responses": {
-                    "201": order("The placed order (also the answer to a retry with the same Idempotency-Key, marked Idempotent-Replayed: true)"),
-                    "400": problem("Malformed body"),
-                    "413": problem("Body too large"),
-                    "415": problem("Body is not application/json"),
-                    "422": problem("A refused domain rule or invalid value, or an Idempotency-Key reused for another request")
-                }
+                "responses": place
             }},
             "/orders/{id}": {"get": {
+                "operationId": "getOrder",
                 "summary": "Read an order as folded from its events",
                 "parameters": [{"$ref": "#/components/parameters/OrderId"}],
-                "responses": {"200": order("The order"), "400": problem("Malformed order id"), "404": problem("Unknown order")}
+                "responses": show
             }},
-            "/orders/{id}/pay": {"post": command("Pay an order; the amount must equal the total", "PayRequest", &[])},
-            "/orders/{id}/cancel": {"post": command("Cancel a placed or paid order (a refund if paid)", "CancelRequest", &[])},
-            "/orders/{id}/ship": {"post": command("Ship a paid order", "ShipRequest", &[])},
-            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}}
+            "/orders/{id}/pay": {"post": command("payOrder", "Pay an order; the amount must equal the total", "PayRequest")},
+            "/orders/{id}/cancel": {"post": command("cancelOrder", "Cancel a placed or paid order (a refund if paid)", "CancelRequest")},
+            "/orders/{id}/ship": {"post": command("shipOrder", "Ship a paid order", "ShipRequest")},
+            "/openapi.json": {"get": {
+                "operationId": "getOpenApiDocument",
+                "summary": "This document",
+                "responses": {"200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object", "required": ["openapi", "info", "paths"]}}}}}
+            }}
         },
         "components": {
+            "pathItems": telemetry(),
+            "headers": {
+                "ETag": {"description": "The order's version as a strong entity tag (\"3\"), for If-Match", "required": true, "schema": {"type": "string"}},
+                "Location": {"description": "The placed order: /orders/{id}", "required": true, "schema": {"type": "string"}},
+                "EventId": {"description": "The first event the command recorded (for a replay, the one the first request recorded)", "required": true, "schema": {"type": "string", "format": "uuid"}},
+                "IdempotentReplayed": {"description": "Present, as true, only on the answer to a retry with an Idempotency-Key already used for the same request; nothing was written", "required": false, "schema": {"type": "string", "enum": ["true"]}}
+            },
             "parameters": {
                 "OrderId": {"name": "id", "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}},
                 "IfMatch": {"name": "If-Match", "in": "header", "required": false, "description": "Apply only at this version (the ETag of a read)", "schema": {"type": "string"}},
@@ -111,8 +183,8 @@ pub fn document() -> Value {
             "schemas": {
                 "Line": {"type": "object", "additionalProperties": false, "required": ["sku", "quantity", "unit_price_cents"], "properties": {
                     "sku": string("^[A-Z0-9_-]{1,32}$"),
-                    "quantity": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
-                    "unit_price_cents": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000_000_i64}
+                    "quantity": int64(Some(1), Some(1_000_000)),
+                    "unit_price_cents": int64(Some(1), Some(1_000_000_000_000))
                 }},
                 "PlaceRequest": {"type": "object", "additionalProperties": false, "required": ["customer_id", "currency", "lines"], "properties": {
                     "customer_id": string("^[A-Za-z0-9._:-]{1,64}$"),
@@ -120,28 +192,36 @@ pub fn document() -> Value {
                     "lines": {"type": "array", "minItems": 1, "maxItems": 500, "items": {"$ref": "#/components/schemas/Line"}}
                 }},
                 "PayRequest": {"type": "object", "additionalProperties": false, "required": ["amount_cents"], "properties": {
-                    "amount_cents": {"type": "integer", "minimum": 1}, "payment_ref": {"type": ["string", "null"], "maxLength": 200}
+                    "amount_cents": int64(Some(1), None), "payment_ref": {"type": ["string", "null"], "maxLength": 200}
                 }},
                 "CancelRequest": {"type": "object", "additionalProperties": false, "properties": {"reason": {"type": ["string", "null"], "maxLength": 200}}},
                 "ShipRequest": {"type": "object", "additionalProperties": false, "required": ["carrier", "tracking_number"], "properties": {
                     "carrier": {"type": "string", "minLength": 1, "maxLength": 200}, "tracking_number": {"type": "string", "minLength": 1, "maxLength": 200}
                 }},
-                "Order": {"type": "object", "required": ["order_id", "version", "status", "lines", "total_cents"], "properties": {
+                // Every field is always serialized (domain::Order has no skip_serializing_if); the
+                // nullable ones say so in their type instead of being optional.
+                "Order": {"type": "object", "additionalProperties": false, "required": [
+                    "order_id", "version", "status", "customer_id", "currency", "lines", "total_cents",
+                    "paid_cents", "payment_ref", "cancel_reason", "carrier", "tracking_number"
+                ], "properties": {
                     "order_id": {"type": "string", "format": "uuid"},
-                    "version": {"type": "integer"},
+                    "version": int64(Some(1), None),
                     "status": {"type": "string", "enum": ["placed", "paid", "shipped", "cancelled"]},
                     "customer_id": {"type": ["string", "null"]},
                     "currency": {"type": ["string", "null"]},
                     "lines": {"type": "array", "items": {"$ref": "#/components/schemas/Line"}},
-                    "total_cents": {"type": "integer"},
-                    "paid_cents": {"type": "integer"},
+                    "total_cents": int64(Some(0), None),
+                    "paid_cents": int64(Some(0), None),
                     "payment_ref": {"type": ["string", "null"]},
                     "cancel_reason": {"type": ["string", "null"]},
                     "carrier": {"type": ["string", "null"]},
                     "tracking_number": {"type": ["string", "null"]}
                 }, "examples": [order_example()]},
                 "Problem": {"type": "object", "required": ["type", "title", "status", "detail"], "properties": {
-                    "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"}, "detail": {"type": "string"}
+                    "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer", "minimum": 400, "maximum": 599}, "detail": {"type": "string"}
+                }},
+                "Health": {"type": "object", "required": ["database"], "properties": {
+                    "database": {"type": "boolean", "description": "Whether SELECT 1 succeeded"}
                 }}
             }
         }
@@ -173,5 +253,31 @@ mod tests {
             .collect();
         expected.sort();
         assert_eq!(listed, expected);
+    }
+
+    /// Generated clients name their methods after `operationId`: each must exist and be unique, in
+    /// `paths` and in the telemetry path items alike.
+    #[test]
+    fn every_operation_has_its_own_operation_id() {
+        let document = document();
+        let items = document["paths"]
+            .as_object()
+            .into_iter()
+            .chain(document["components"]["pathItems"].as_object())
+            .flatten();
+        let mut ids = Vec::new();
+        for (name, item) in items {
+            for method in ["get", "post", "put", "patch", "delete"] {
+                if let Some(operation) = item.get(method) {
+                    let id = operation["operationId"].as_str();
+                    assert!(id.is_some(), "{method} {name} has no operationId");
+                    ids.extend(id);
+                }
+            }
+        }
+        let count = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), count, "duplicate operationId in {ids:?}");
     }
 }
