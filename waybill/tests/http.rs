@@ -4,62 +4,18 @@
 
 use std::time::Duration;
 
-use reqwest::{Client, Response, StatusCode};
+use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-struct Service {
-    base: String,
-    metrics: String,
-    child: tokio::process::Child,
-    client: Client,
-}
+mod common;
+
+use common::Service;
 
 impl Service {
     async fn start(pool: &PgPool) -> Self {
         Self::start_with(pool, &[]).await
-    }
-
-    /// `waybill serve` with the API and its metrics listener on free loopback ports, plus `extra` flags.
-    async fn start_with(pool: &PgPool, extra: &[&str]) -> Self {
-        let url = testkit::database_url(pool).await;
-        let port = ops::free_port().expect("free port");
-        let metrics_port = ops::free_port().expect("free port");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--metrics-listen",
-                &format!("127.0.0.1:{metrics_port}"),
-                "--database-url",
-                &url,
-            ])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .kill_on_drop(true)
-            .spawn()
-            .expect("waybill serve starts");
-        let service = Self {
-            base: format!("http://127.0.0.1:{port}"),
-            metrics: format!("http://127.0.0.1:{metrics_port}"),
-            child,
-            client: Client::new(),
-        };
-        for _ in 0..200 {
-            if let Ok(r) = service
-                .client
-                .get(format!("{}/health", service.metrics))
-                .send()
-                .await
-                && r.status().is_success()
-            {
-                return service;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("waybill serve did not become healthy");
     }
 
     async fn scrape(&self) -> String {
@@ -103,12 +59,6 @@ impl Service {
             .await
             .expect("get");
         (id, again)
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
     }
 }
 

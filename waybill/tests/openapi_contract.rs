@@ -2,10 +2,9 @@
 //! service really sends must be in the document, and everything the document promises must be sent.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
+use reqwest::RequestBuilder;
 use reqwest::header::HeaderMap;
-use reqwest::{Client, RequestBuilder};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -25,54 +24,13 @@ const NOT_PROVOKED: &[(&str, &str, &str)] = &[(
     "needs the database to refuse the service's connections while it runs",
 )];
 
-/// `waybill serve` on free loopback ports, as `tests/http.rs` starts it (each test binary is its own
-/// crate, so its helpers cannot be shared without a file outside this change).
-struct Service {
-    base: String,
-    metrics: String,
-    child: tokio::process::Child,
-    client: Client,
-}
+mod common;
+
+use common::Service;
 
 impl Service {
     async fn start(pool: &PgPool, extra: &[&str]) -> Self {
-        let url = testkit::database_url(pool).await;
-        let port = ops::free_port().expect("free port");
-        let metrics_port = ops::free_port().expect("free port");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--metrics-listen",
-                &format!("127.0.0.1:{metrics_port}"),
-                "--database-url",
-                &url,
-            ])
-            .args(extra)
-            .env("RUST_LOG", "error")
-            .kill_on_drop(true)
-            .spawn()
-            .expect("waybill serve starts");
-        let service = Self {
-            base: format!("http://127.0.0.1:{port}"),
-            metrics: format!("http://127.0.0.1:{metrics_port}"),
-            child,
-            client: Client::new(),
-        };
-        for _ in 0..200 {
-            if let Ok(r) = service
-                .client
-                .get(format!("{}/health", service.metrics))
-                .send()
-                .await
-                && r.status().is_success()
-            {
-                return service;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("waybill serve did not become healthy");
+        Self::start_with(pool, extra).await
     }
 
     fn get(&self, path: &str) -> RequestBuilder {
@@ -81,12 +39,6 @@ impl Service {
 
     fn post(&self, path: &str) -> RequestBuilder {
         self.client.post(format!("{}{path}", self.base))
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
     }
 }
 
