@@ -13,6 +13,10 @@ use store::{EventStore, OutboxNotifier};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// The relay that keeps running after the crash window; the demo checks that it settled the row the
+/// crashed relay had published.
+pub const RELAY_ID: &str = "demo-relay";
+
 /// Where everything reads and writes.
 #[derive(Debug, Clone)]
 pub struct Wiring {
@@ -212,7 +216,7 @@ impl Fleet {
     /// Starts the relay that keeps running.
     pub async fn start_relay(&mut self) -> anyhow::Result<()> {
         let wiring = self.wiring.clone();
-        let config = self.relay_config("demo-relay");
+        let config = self.relay_config(RELAY_ID);
         match &mut self.running {
             Running::Tasks { stop, tasks } => {
                 let relay = Relay::connect(&wiring.database_url, &wiring.nats_url, config).await?;
@@ -227,13 +231,7 @@ impl Fleet {
             }
             Running::Processes { children, logs } => {
                 let mut relay = command(&binary("waybill-relay")?, &wiring, logs, "relay")?;
-                relay.args([
-                    "run",
-                    "--relay-id",
-                    "demo-relay",
-                    "--poll-interval",
-                    "200ms",
-                ]);
+                relay.args(["run", "--relay-id", RELAY_ID, "--poll-interval", "200ms"]);
                 children.push((
                     "waybill-relay".to_owned(),
                     relay.spawn().context("starting waybill-relay")?,

@@ -4,6 +4,7 @@
 //! duplicate publish, waits for everything to settle while showing progress, and compares what the
 //! projections say with what the event store says. Exits 0 only when they agree.
 
+mod facts;
 mod fleet;
 pub mod scenario;
 pub mod services;
@@ -22,6 +23,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use facts::Watched;
 use fleet::{Fleet, Wiring};
 use scenario::{Api, Played};
 use services::Services;
@@ -123,7 +125,7 @@ async fn play_and_check(
 ) -> anyhow::Result<()> {
     let api = Api::new(&fleet.api);
 
-    // 1. The crash window, before any relay runs for real.
+    // 1. The crash window, before any relay runs for real. Each fact is read back before it is told.
     let first = api
         .place(
             "alice",
@@ -131,29 +133,31 @@ async fn play_and_check(
             None,
         )
         .await?;
-    let first_event: Uuid = sqlx::query_scalar(
-        "SELECT event_id FROM events WHERE aggregate_id = $1 AND aggregate_version = 1",
-    )
-    .bind(first)
-    .fetch_one(pool)
-    .await
-    .context("reading the first event")?;
+    let watched = Watched::first_event_of(pool, first, STREAM, PREFIX).await?;
     fleet.crash_a_relay().await?;
-    let copies = copies_in_stream(js, first_event).await?;
-    let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE event_id = $1")
-        .bind(first_event)
-        .fetch_one(pool)
+    let crash_copy = watched.crash_window(pool, js).await?;
+    step(
+        started,
+        &format!(
+            "crash window: a relay published order {first}'s event, got its PubAck and died before marking it (checked: one copy in the stream, sequence {crash_copy}; outbox row still pending)"
+        ),
+    );
+    fleet.start_relay().await?;
+    let row = watched
+        .deduplicated(
+            pool,
+            js,
+            crash_copy,
+            fleet::RELAY_ID,
+            Duration::from_secs(15),
+        )
         .await?;
     step(
         started,
         &format!(
-            "crash window: a relay published order {first}'s event, got its PubAck and died before marking it (stream copies: {copies}, outbox row: {status})"
+            "relay started: it published that row again and JetStream answered duplicate=true (checked: still one copy in the stream; the row is {} with stream sequence {crash_copy})",
+            row.status
         ),
-    );
-    fleet.start_relay().await?;
-    step(
-        started,
-        "relay started: it will publish that row again, and JetStream will answer duplicate=true",
     );
 
     // 2. The story, over HTTP, with live progress.
@@ -191,31 +195,32 @@ async fn play_and_check(
 
     // 3. A legacy v1 event, as an import from the old system would write it, then paid over HTTP.
     let legacy = legacy_order(pool).await?;
-    api.post(
-        &format!("/orders/{legacy}/pay"),
-        json!({"amount_cents": 4200}),
-        None,
-    )
-    .await?;
+    let (status, answer) = api
+        .post(
+            &format!("/orders/{legacy}/pay"),
+            json!({"amount_cents": 4200}),
+            None,
+        )
+        .await?;
+    anyhow::ensure!(
+        status.is_success(),
+        "paying the legacy order {legacy} answered {status}: {answer}"
+    );
     step(
         started,
         &format!(
-            "legacy order.placed v1 {{order_no, amount_cents: 4200}} appended for order {legacy} and paid; every reader upcasts it"
+            "legacy order.placed v1 {{order_no, amount_cents: 4200}} appended for order {legacy} and paid; every reader upcasts it (the verdict below counts it: its points and its search document)"
         ),
     );
 
     // 4. A duplicate publish JetStream cannot catch: same event, another message id. The projections
     //    refuse a message whose id is not its event id (they park it), so the order counts once.
-    wait_for(
-        || async { copies_in_stream(js, first_event).await.unwrap_or(0) >= 1 },
-        Duration::from_secs(10),
-    )
-    .await;
-    republish_with_new_id(js, first_event).await?;
+    republish_with_new_id(js, crash_copy).await?;
+    let duplicate = watched.duplicated(js, crash_copy).await?;
     step(
         started,
         &format!(
-            "published order {first}'s first event again under another Nats-Msg-Id: the projections must count it once (they park a message whose id is not its event id)"
+            "published order {first}'s first event again under another Nats-Msg-Id (checked: the stream holds it twice, sequences {crash_copy} and {duplicate}): the projections must count it once (they park a message whose id is not its event id)"
         ),
     );
 
@@ -225,11 +230,17 @@ async fn play_and_check(
         settled,
         "the outbox and the projections did not settle within 40 s"
     );
-    let copies = copies_in_stream(js, first_event).await?;
+    // Read again after settling: nothing may have published a third copy, and the duplicate must be
+    // parked by each projection rather than applied.
+    anyhow::ensure!(
+        watched.duplicated(js, crash_copy).await? == duplicate,
+        "the duplicate of order {first}'s first event moved in the stream while settling"
+    );
+    facts::parked_by_every_projection(pool, duplicate).await?;
     step(
         started,
         &format!(
-            "settled: outbox empty, projections caught up; the crash-window event is in the stream {copies} times (1 relayed + 1 deliberate duplicate)"
+            "settled: every outbox row sent, projections caught up; the crash-window event is in the stream 2 times (1 relayed + 1 deliberate duplicate), and inventory, points and search each parked the duplicate (sequence {duplicate})"
         ),
     );
 
@@ -300,46 +311,23 @@ async fn legacy_order(pool: &PgPool) -> anyhow::Result<Uuid> {
     Ok(order)
 }
 
-/// How many messages in the demo stream carry `event_id`.
-async fn copies_in_stream(js: &jetstream::Context, event_id: Uuid) -> anyhow::Result<u64> {
-    let mut stream = js.get_stream(STREAM).await?;
-    let state = stream.info().await?.state.clone();
-    let mut copies = 0;
-    for sequence in state.first_sequence..=state.last_sequence {
-        if state.messages == 0 {
-            break;
-        }
-        if let Ok(message) = stream.get_raw_message(sequence).await
-            && EventEnvelope::from_json(&message.payload).is_ok_and(|e| e.event_id == event_id)
-        {
-            copies += 1;
-        }
-    }
-    Ok(copies)
-}
-
-/// Publishes the stored message of `event_id` again under a new message id (as a misbehaving
-/// producer would), so JetStream stores a second copy.
-async fn republish_with_new_id(js: &jetstream::Context, event_id: Uuid) -> anyhow::Result<()> {
-    let mut stream = js.get_stream(STREAM).await?;
-    let state = stream.info().await?.state.clone();
-    for sequence in state.first_sequence..=state.last_sequence {
-        let Ok(message) = stream.get_raw_message(sequence).await else {
-            continue;
-        };
-        if EventEnvelope::from_json(&message.payload).is_ok_and(|e| e.event_id == event_id) {
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(
-                domain::wire::MSG_ID,
-                format!("demo-duplicate-{}", Uuid::now_v7()).as_str(),
-            );
-            js.publish_with_headers(message.subject.to_string(), headers, message.payload)
-                .await?
-                .await?;
-            return Ok(());
-        }
-    }
-    anyhow::bail!("event {event_id} is not in the stream")
+/// Publishes the stored message at `sequence` again under a new message id (as a misbehaving producer
+/// would), so JetStream stores a second copy.
+async fn republish_with_new_id(js: &jetstream::Context, sequence: u64) -> anyhow::Result<()> {
+    let stream = js.get_stream_no_info(STREAM).await?;
+    let message = stream
+        .get_raw_message(sequence)
+        .await
+        .with_context(|| format!("reading stream sequence {sequence}"))?;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        domain::wire::MSG_ID,
+        format!("demo-duplicate-{}", Uuid::now_v7()).as_str(),
+    );
+    js.publish_with_headers(message.subject.to_string(), headers, message.payload)
+        .await?
+        .await?;
+    Ok(())
 }
 
 /// True when no outbox row waits and every projection has applied everything.

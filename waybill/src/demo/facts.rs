@@ -1,0 +1,248 @@
+//! The facts the demo narrates, read back from where they live (the stream, the outbox, the projections'
+//! parked messages) before they are told: a claim that does not hold fails the demo with what was found.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_nats::jetstream;
+use async_nats::jetstream::stream::RawMessageErrorKind;
+use domain::EventEnvelope;
+use projections::{Inventory, Points, Projection, Search};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// One stored message carrying the watched event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copy {
+    /// Its stream sequence.
+    pub sequence: u64,
+    /// Its `Nats-Msg-Id` header (the event id when a relay published it).
+    pub msg_id: Option<String>,
+}
+
+/// The copies as a sentence, for a failure message.
+fn describe(copies: &[Copy]) -> String {
+    if copies.is_empty() {
+        return "no copy".to_owned();
+    }
+    let each: Vec<String> = copies
+        .iter()
+        .map(|c| {
+            format!(
+                "sequence {} under Nats-Msg-Id {}",
+                c.sequence,
+                c.msg_id.as_deref().unwrap_or("(none)")
+            )
+        })
+        .collect();
+    let noun = if copies.len() == 1 { "copy" } else { "copies" };
+    format!("{} {noun}: {}", copies.len(), each.join(", "))
+}
+
+/// The outbox row of the watched event, as the relay left it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxRow {
+    /// `pending`, `sent`, `failed` or `dead`.
+    pub status: String,
+    /// The relay whose claim settled the row.
+    pub claimed_by: Option<String>,
+    /// The stream sequence the settling PubAck named.
+    pub stream_seq: Option<i64>,
+}
+
+/// The crash-window event: the first event of the first order, and the subject its aggregate's events
+/// are published on.
+#[derive(Debug, Clone)]
+pub struct Watched {
+    /// The event.
+    pub event_id: Uuid,
+    subject: String,
+    stream: String,
+}
+
+impl Watched {
+    /// The first event of order `order`, published under `prefix` in `stream`.
+    pub async fn first_event_of(
+        pool: &PgPool,
+        order: Uuid,
+        stream: &str,
+        prefix: &str,
+    ) -> anyhow::Result<Self> {
+        let (event_id, aggregate_type): (Uuid, String) = sqlx::query_as(
+            "SELECT event_id, aggregate_type FROM events WHERE aggregate_id = $1 AND aggregate_version = 1",
+        )
+        .bind(order)
+        .fetch_one(pool)
+        .await
+        .context("reading the first event")?;
+        let subject = domain::wire::subject_for(prefix, &aggregate_type, order)
+            .map_err(anyhow::Error::msg)?;
+        Ok(Self {
+            event_id,
+            subject,
+            stream: stream.to_owned(),
+        })
+    }
+
+    /// Every copy of the event in the stream. Read through its aggregate's subject alone: walking the
+    /// whole stream message by message took seconds once the story had written thousands of events.
+    pub async fn copies(&self, js: &jetstream::Context) -> anyhow::Result<Vec<Copy>> {
+        let stream = js.get_stream_no_info(&self.stream).await?;
+        let mut copies = Vec::new();
+        let mut from = 1;
+        loop {
+            match stream
+                .get_first_raw_message_by_subject(&self.subject, from)
+                .await
+            {
+                Ok(message) => {
+                    from = message.sequence + 1;
+                    if EventEnvelope::from_json(&message.payload)
+                        .is_ok_and(|e| e.event_id == self.event_id)
+                    {
+                        copies.push(Copy {
+                            sequence: message.sequence,
+                            msg_id: message
+                                .headers
+                                .get(domain::wire::MSG_ID)
+                                .map(|v| v.as_str().to_owned()),
+                        });
+                    }
+                }
+                Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => {
+                    return Ok(copies);
+                }
+                Err(error) => {
+                    return Err(error).with_context(|| format!("reading {}", self.subject));
+                }
+            }
+        }
+    }
+
+    /// The event's outbox row.
+    pub async fn outbox_row(&self, pool: &PgPool) -> anyhow::Result<OutboxRow> {
+        sqlx::query_as("SELECT status, claimed_by, stream_seq FROM outbox WHERE event_id = $1")
+            .bind(self.event_id)
+            .fetch_one(pool)
+            .await
+            .context("reading the crash-window event's outbox row")
+    }
+
+    fn is_own(&self, copy: &Copy) -> bool {
+        copy.msg_id.as_deref() == Some(self.event_id.to_string().as_str())
+    }
+
+    /// The crash window is open: the crashed relay's publish reached the stream (one copy, under the
+    /// event id) but its mark did not reach the outbox (the row is still pending). Returns the copy's
+    /// sequence.
+    pub async fn crash_window(
+        &self,
+        pool: &PgPool,
+        js: &jetstream::Context,
+    ) -> anyhow::Result<u64> {
+        let copies = self.copies(js).await?;
+        let row = self.outbox_row(pool).await?;
+        match copies.as_slice() {
+            [copy] if self.is_own(copy) && row.status == "pending" => Ok(copy.sequence),
+            _ => anyhow::bail!(
+                "the crash window did not happen: event {} should be in the stream once under its own \
+                 Nats-Msg-Id with its outbox row pending, but the stream holds {} and the row is {}",
+                self.event_id,
+                describe(&copies),
+                row.status
+            ),
+        }
+    }
+
+    /// The relay started after the crash published the row again and JetStream recognised it: the row
+    /// is sent by `relay_id` with the crashed relay's copy as its stream sequence, and the stream still
+    /// holds that one copy. Waits up to `timeout` for the row to be marked.
+    pub async fn deduplicated(
+        &self,
+        pool: &PgPool,
+        js: &jetstream::Context,
+        crash_copy: u64,
+        relay_id: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<OutboxRow> {
+        let deadline = Instant::now() + timeout;
+        let row = loop {
+            let row = self.outbox_row(pool).await?;
+            if row.status == "sent" {
+                break row;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the restarted relay did not mark event {}'s outbox row sent within {timeout:?} (it is {})",
+                self.event_id,
+                row.status
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let copies = self.copies(js).await?;
+        let expected = Copy {
+            sequence: crash_copy,
+            msg_id: Some(self.event_id.to_string()),
+        };
+        anyhow::ensure!(
+            copies == [expected] && row.stream_seq == i64::try_from(crash_copy).ok(),
+            "JetStream did not deduplicate the relay's second publish of event {}: the stream holds \
+             {} (expected only sequence {crash_copy}) and the outbox row names sequence {:?}",
+            self.event_id,
+            describe(&copies),
+            row.stream_seq
+        );
+        anyhow::ensure!(
+            row.claimed_by.as_deref() == Some(relay_id),
+            "event {}'s outbox row was settled by {:?}, not by the restarted relay {relay_id}",
+            self.event_id,
+            row.claimed_by
+        );
+        Ok(row)
+    }
+
+    /// Exactly two copies: the relayed one (`crash_copy`, under the event id) and the deliberate
+    /// duplicate under another message id. Returns the duplicate's sequence.
+    pub async fn duplicated(
+        &self,
+        js: &jetstream::Context,
+        crash_copy: u64,
+    ) -> anyhow::Result<u64> {
+        let copies = self.copies(js).await?;
+        match copies.as_slice() {
+            [relayed, duplicate]
+                if relayed.sequence == crash_copy
+                    && self.is_own(relayed)
+                    && !self.is_own(duplicate) =>
+            {
+                Ok(duplicate.sequence)
+            }
+            _ => anyhow::bail!(
+                "event {} should be in the stream twice (sequence {crash_copy} under its own \
+                 Nats-Msg-Id, then the duplicate under another), but the stream holds {}",
+                self.event_id,
+                describe(&copies)
+            ),
+        }
+    }
+}
+
+/// Every projection parked the duplicate (stream sequence `duplicate`) instead of applying it.
+pub async fn parked_by_every_projection(pool: &PgPool, duplicate: u64) -> anyhow::Result<()> {
+    for schema in [Inventory::NAME, Points::NAME, Search::NAME] {
+        // The projections keep their tables in a schema named after them, in the demo's database.
+        let parked: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{schema}\".parked WHERE stream_sequence = $1"
+        )))
+        .bind(i64::try_from(duplicate)?)
+        .fetch_one(pool)
+        .await
+        .with_context(|| format!("reading {schema}'s parked messages"))?;
+        anyhow::ensure!(
+            parked == 1,
+            "projection {schema} should have parked the duplicate (stream sequence {duplicate}) once, \
+             but holds {parked} parked row(s) for it"
+        );
+    }
+    Ok(())
+}
