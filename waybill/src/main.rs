@@ -136,10 +136,12 @@ async fn roles_create(database_url: &str, json: bool) -> anyhow::Result<()> {
 /// `waybill services`: private PostgreSQL and NATS where the configured ones do not answer.
 async fn services(database_url: &str, args: cli::ServicesArgs) -> anyhow::Result<()> {
     let services = demo::services::Services::ensure(database_url, &args.nats_url)?;
-    let (_, database) = database_url.rsplit_once('/').unwrap_or(("", "waybill"));
+    // The database's name as PostgreSQL reads it (a `?sslmode=…` after it is no part of the name).
+    let options = store::connect_options(database_url).context("reading --database-url")?;
+    let database = options.get_database().unwrap_or("waybill").to_owned();
     let exports = format!(
         "export DATABASE_URL='{}'\nexport NATS_URL='{}'\n",
-        services.database_url(database),
+        services.database_url(&database),
         services.nats_url
     );
     for line in services.describe() {
