@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use rustix::process::{Pid, Signal, kill_process};
+
 use crate::local_nats::{free_port, unique_temp_dir};
 
 /// A running private PostgreSQL; the superuser is `postgres` with trust authentication on loopback.
@@ -126,7 +128,7 @@ impl PostgresServer {
     /// Stops the server in immediate mode, as a crash would: every session is cut, nothing is
     /// checkpointed, and the next [`PostgresServer::resume`] runs crash recovery.
     pub fn crash(&mut self) {
-        self.signal_postmaster("-QUIT", Duration::from_secs(10));
+        self.signal_postmaster(Signal::QUIT, Duration::from_secs(10));
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -146,18 +148,20 @@ impl PostgresServer {
     /// Sends `signal` to the postmaster (its pid is the first line of postmaster.pid: when it runs
     /// through `runuser`, our child is runuser, which does not pass signals on), waits up to `wait`
     /// for it to exit, then kills it.
-    fn signal_postmaster(&self, signal: &str, wait: Duration) {
+    fn signal_postmaster(&self, signal: Signal, wait: Duration) {
         let postmaster = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
             .ok()
-            .and_then(|text| text.lines().next().map(str::to_owned));
-        if let Some(pid) = &postmaster {
-            let _ = Command::new("kill").args([signal, pid]).status();
+            .and_then(|text| text.lines().next()?.trim().parse::<i32>().ok())
+            .and_then(Pid::from_raw);
+        if let Some(pid) = postmaster {
+            let alive = || Path::new(&format!("/proc/{}", pid.as_raw_nonzero())).exists();
+            let _ = kill_process(pid, signal);
             let deadline = Instant::now() + wait;
-            while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
+            while Instant::now() < deadline && alive() {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            if Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = Command::new("kill").args(["-KILL", pid]).status();
+            if alive() {
+                let _ = kill_process(pid, Signal::KILL);
             }
         }
     }
@@ -211,22 +215,8 @@ impl PostgresServer {
 
 impl Drop for PostgresServer {
     fn drop(&mut self) {
-        // Signal the postmaster itself (its pid is the first line of postmaster.pid): when it runs
-        // through `runuser`, our child is runuser, which does not pass signals on.
-        let postmaster = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
-            .ok()
-            .and_then(|text| text.lines().next().map(str::to_owned));
-        if let Some(pid) = &postmaster {
-            // SIGINT is PostgreSQL's fast shutdown: it ends the sessions and stops.
-            let _ = Command::new("kill").args(["-INT", pid]).status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = Command::new("kill").args(["-KILL", pid]).status();
-            }
-        }
+        // SIGINT is PostgreSQL's fast shutdown: it ends the sessions and stops.
+        self.signal_postmaster(Signal::INT, Duration::from_secs(10));
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
