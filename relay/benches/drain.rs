@@ -594,10 +594,10 @@ async fn steady_latency(
     }
     let delivered = collecting.await?;
     let rss = resident_kib(relay_pid);
-    if let Some(pid) = relay_pid {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
+    if let Some(pid) = relay_pid
+        && let Some(pid) = rustix::process::Pid::from_raw(pid as i32)
+    {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     }
     relay.wait().await?;
     anyhow::ensure!(

@@ -297,10 +297,10 @@ impl Fleet {
             }
             Running::Processes { children, logs } => {
                 for (_, child) in &children {
-                    if let Some(pid) = child.id() {
-                        let _ = std::process::Command::new("kill")
-                            .args(["-TERM", &pid.to_string()])
-                            .status();
+                    if let Some(pid) = child.id()
+                        && let Some(pid) = rustix::process::Pid::from_raw(pid as i32)
+                    {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
                     }
                 }
                 for (name, mut child) in children {
