@@ -54,7 +54,7 @@ pub struct EventMeta {
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     /// The bytes are not an envelope at all.
-    #[error("not an event envelope: {0}")]
+    #[error("not an event envelope")]
     Envelope(#[from] serde_json::Error),
     /// The envelope is about something other than an order.
     #[error("aggregate type {0:?} is not an order")]
@@ -101,8 +101,10 @@ impl EventEnvelope {
 
     /// The message body as text (what the outbox stores and the relay publishes verbatim).
     pub fn to_json_string(&self) -> String {
-        // An envelope of strings, numbers and a `Value` always serializes.
-        serde_json::to_string(self).unwrap_or_default()
+        serde_json::to_string(self).expect(
+            "an envelope of strings, integers, UUIDs, a timestamp and a `Value` (whose keys are \
+             strings and whose numbers are finite) always serializes",
+        )
     }
 
     /// Upcasts the payload to the current version and decodes it.

@@ -50,7 +50,7 @@ pub enum AppendError {
     #[error("invalid append: {0}")]
     InvalidBatch(&'static str),
     /// The database failed; nothing was written.
-    #[error("appending events failed: {0}")]
+    #[error("appending events failed")]
     Database(#[from] sqlx::Error),
 }
 

@@ -84,7 +84,7 @@ pub enum CommandError {
     #[error(transparent)]
     Append(AppendError),
     /// The database failed.
-    #[error("database error: {0}")]
+    #[error("database error")]
     Database(#[from] sqlx::Error),
 }
 
@@ -300,7 +300,10 @@ impl EventStore {
 /// The request as recorded with an idempotency key. A new order's id is left out: a retried `place`
 /// arrives with a freshly generated id and must still be recognised.
 fn request_of(order_id: OrderId, command: &OrderCommand) -> Value {
-    let mut request = serde_json::to_value(command).unwrap_or(Value::Null);
+    let mut request = serde_json::to_value(command).expect(
+        "a command is a tagged struct of strings, integers and lists of them; serializing it into a \
+         `Value` cannot fail",
+    );
     if !matches!(command, OrderCommand::Place(_)) {
         request["order_id"] = json!(order_id);
     }

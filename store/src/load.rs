@@ -9,11 +9,11 @@ use uuid::Uuid;
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The database failed.
-    #[error("reading events failed: {0}")]
+    #[error("reading events failed")]
     Database(#[from] sqlx::Error),
     /// A stored event cannot be brought to the current shape: a missing upcaster or a corrupt row.
     #[error(
-        "event {event_id} (version {aggregate_version} of order {aggregate_id}) cannot be decoded: {source}"
+        "event {event_id} (version {aggregate_version} of order {aggregate_id}) cannot be decoded"
     )]
     Undecodable {
         /// The bad event.
