@@ -14,7 +14,7 @@ pub mod stats;
 mod telemetry;
 
 pub use edge::{EdgeConfig, Served, serve_with};
-pub use exit::{Refused, report_failure};
+pub use exit::{Refused, error_chain, report_failure};
 pub use local_nats::{NatsServer, find_binary, free_port, free_ports, unique_temp_dir};
 pub use local_postgres::{PostgresServer, reachable};
 pub use logging::init_logging;

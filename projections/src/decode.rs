@@ -147,10 +147,10 @@ pub fn decode(body: &[u8], upcasters: &Upcasters) -> Result<Decoded, Poison> {
 
 fn decode_envelope(body: &[u8], upcasters: &Upcasters) -> Result<(EventEnvelope, Decoded), Poison> {
     let envelope = EventEnvelope::from_json(body)
-        .map_err(|e| Poison::garbage(format!("undecodable body: {e}")))?;
+        .map_err(|e| Poison::garbage(format!("undecodable body: {}", ops::error_chain(&e))))?;
     let event = envelope
         .decode(upcasters)
-        .map_err(|e| Poison::of(&envelope, e.to_string()))?;
+        .map_err(|e| Poison::of(&envelope, ops::error_chain(&e)))?;
     if envelope.aggregate_version < 1 {
         return Err(Poison::of(
             &envelope,

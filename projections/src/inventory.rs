@@ -276,3 +276,33 @@ pub fn routes(pool: PgPool) -> axum::Router {
             .with_state(pool),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_the_projection_stores_reads_back_and_nothing_else_does() {
+        for status in [
+            OrderStatus::Placed,
+            OrderStatus::Paid,
+            OrderStatus::Shipped,
+            OrderStatus::Cancelled,
+        ] {
+            assert_eq!(
+                parse_status(&status.to_string()).expect("stored status"),
+                status
+            );
+        }
+        for corrupt in ["", "Cancelled", "refunded", "paid "] {
+            let error = parse_status(corrupt).expect_err("not a status");
+            let printed = std::error::Error::source(&error)
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            assert!(
+                printed.contains(&format!("{corrupt:?}")),
+                "the corrupt value is named: {printed}"
+            );
+        }
+    }
+}

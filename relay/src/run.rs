@@ -3,12 +3,13 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_nats::connection::State;
 use async_nats::jetstream;
+use ops::error_chain;
 use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -185,7 +186,7 @@ impl Relay {
     /// One claim–publish–settle step (after ending other relays' stalled claims, at most once a
     /// second).
     pub async fn step(&self) -> Result<StepReport, StepError> {
-        let ended = self.end_stale_claims().await;
+        let ended = self.end_stale_claims().await.map_err(StepError::Claim)?;
         let mut report = step(
             &self.pool,
             &self.jetstream,
@@ -200,33 +201,30 @@ impl Relay {
 
     /// Ends claim transactions of relays that stopped mid-claim (older than the claim timeout): a relay
     /// frozen while PostgreSQL was still sending it rows keeps its backend `active`, which
-    /// `idle_in_transaction_session_timeout` never ends. Returns how many it ended.
-    pub async fn end_stale_claims(&self) -> u64 {
+    /// `idle_in_transaction_session_timeout` never ends. Returns how many it ended (0 when it looked
+    /// less than a second ago), or why it could not look: "none ended" is never a guess.
+    pub async fn end_stale_claims(&self) -> sqlx::Result<u64> {
         {
-            let Ok(mut last) = self.last_reap.lock() else {
-                return 0;
-            };
+            // The guarded value is a timestamp, whole whatever panicked while it was held.
+            let mut last = self
+                .last_reap
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
-                return 0;
+                return Ok(0);
             }
             *last = Some(Instant::now());
         }
-        match admin::end_stale_claims(&self.pool, self.config.stale_claim_age()).await {
-            Ok(0) => 0,
-            Ok(ended) => {
-                tracing::warn!(
-                    ended,
-                    older_than = ?self.config.stale_claim_age(),
-                    "ended stalled claim transactions of other relays; their rows are free again"
-                );
-                metrics::record_stale_claims_ended(ended);
-                ended
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot look for stalled claims");
-                0
-            }
+        let ended = admin::end_stale_claims(&self.pool, self.config.stale_claim_age()).await?;
+        if ended > 0 {
+            tracing::warn!(
+                ended,
+                older_than = ?self.config.stale_claim_age(),
+                "ended stalled claim transactions of other relays; their rows are free again"
+            );
+            metrics::record_stale_claims_ended(ended);
         }
+        Ok(ended)
     }
 
     /// Steps until nothing is claimable, then returns (`run --once`). Every lane drains in parallel.
@@ -273,7 +271,8 @@ impl Relay {
                 waiting,
                 "rows are locked by another relay or retry shortly; waiting for them"
             );
-            summary.stale_claims_ended += self.end_stale_claims().await;
+            summary.stale_claims_ended +=
+                self.end_stale_claims().await.map_err(StepError::Claim)?;
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
@@ -345,7 +344,11 @@ impl Relay {
         listener.abort();
         gauges.abort();
         stopper.abort();
-        let summary = totals.lock().map(|s| s.clone()).unwrap_or_default();
+        // Counters stay whole whatever panicked while they were held: report them, never zeros.
+        let summary = totals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         tracing::info!(?summary, "relay stopped");
         summary
     }
@@ -380,7 +383,8 @@ impl Relay {
                 },
                 Err(StepError::Claim(_) | StepError::LostBeforePublish(_)) => StepReport::default(),
             };
-            if let Ok(mut totals) = totals.lock() {
+            {
+                let mut totals = totals.lock().unwrap_or_else(PoisonError::into_inner);
                 totals.add(&report);
                 totals.step_errors += u64::from(result.is_err());
                 if lane == 0 {
@@ -509,13 +513,56 @@ impl Progress {
     }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Asserts no ": "-separated clause of `printed` appears twice.
+    fn assert_said_once(printed: &str) {
+        let parts: Vec<&str> = printed.split(": ").collect();
+        for (i, part) in parts.iter().enumerate() {
+            assert!(
+                !parts[i + 1..].contains(part),
+                "{part:?} appears twice in {printed:?}"
+            );
+        }
     }
-    text
+
+    #[test]
+    fn a_step_error_chain_says_each_cause_once() {
+        let io = || std::io::Error::other("connection refused");
+        let error = StepError::Claim(sqlx::Error::Io(io()));
+        let printed = error_chain(&error);
+        assert_said_once(&printed);
+        assert_eq!(
+            printed,
+            "claiming outbox rows failed: error communicating with database: connection refused"
+        );
+
+        let error = StepError::LostBeforePublish(sqlx::Error::PoolTimedOut);
+        let printed = error_chain(&error);
+        assert_said_once(&printed);
+        assert!(printed.ends_with(": pool timed out while waiting for an open connection"));
+    }
+
+    #[test]
+    fn a_provision_error_chain_says_each_cause_once() {
+        let error = ProvisionError::JetStream("timed out".to_owned());
+        let printed = error_chain(&error);
+        assert_said_once(&printed);
+        assert_eq!(printed, "JetStream request failed: timed out");
+    }
+
+    #[test]
+    fn a_cause_its_error_already_quotes_is_printed_once() {
+        let decode = serde_json::from_str::<serde_json::Value>("{").expect_err("garbage");
+        let why = decode.to_string();
+        let error = StepError::Claim(sqlx::Error::Decode(Box::new(decode)));
+        let printed = error_chain(&error);
+        assert_said_once(&printed);
+        assert_eq!(
+            printed,
+            format!("claiming outbox rows failed: error occurred while decoding: {why}")
+        );
+    }
 }

@@ -130,7 +130,7 @@ impl From<CommandError> for Problem {
                 Problem::new(StatusCode::BAD_REQUEST, "invalid-idempotency-key", detail)
             }
             other => {
-                tracing::error!(error = %other, "command failed");
+                tracing::error!(error = %ops::error_chain(&other), "command failed");
                 Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
@@ -361,7 +361,7 @@ async fn show(
 ) -> Result<Response, Problem> {
     let id = order_id(&id)?;
     let order = store.load(id).await.map_err(|error| {
-        tracing::error!(%error, "loading an order failed");
+        tracing::error!(error = %ops::error_chain(&error), "loading an order failed");
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",

@@ -484,3 +484,62 @@ async fn load_plays_lifecycles_and_summarises_them(pool: PgPool) {
         "one event per accepted command, none for the refused ones"
     );
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_corrupt_stored_event_fails_show_naming_the_event_and_saying_each_cause_once(
+    pool: PgPool,
+) {
+    let url = url_of(&pool).await;
+    let id = place(&url, &["MUG:1:700"]).await;
+    let order_id: Uuid = id.parse().expect("order id");
+
+    // `events` refuses UPDATE through a trigger; as the database's owner, lift it for one statement.
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("ALTER TABLE events DISABLE TRIGGER ALL")
+        .execute(&mut *tx)
+        .await
+        .expect("disable the triggers");
+    let updated =
+        sqlx::query("UPDATE events SET payload = '{\"nonsense\": true}' WHERE aggregate_id = $1")
+            .bind(order_id)
+            .execute(&mut *tx)
+            .await
+            .expect("corrupt the payload")
+            .rows_affected();
+    assert_eq!(updated, 1);
+    sqlx::query("ALTER TABLE events ENABLE TRIGGER ALL")
+        .execute(&mut *tx)
+        .await
+        .expect("enable the triggers");
+    tx.commit().await.expect("commit");
+    let event_id: Uuid = sqlx::query_scalar("SELECT event_id FROM events WHERE aggregate_id = $1")
+        .bind(order_id)
+        .fetch_one(&pool)
+        .await
+        .expect("the corrupted event");
+
+    let shown = waybill(&url, &["show", &id]).await;
+    assert_ne!(shown.code, 0, "{}{}", shown.stdout, shown.stderr);
+    assert_eq!(shown.stdout, "", "no order is printed");
+    let message = shown
+        .stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("error: "))
+        .unwrap_or_else(|| panic!("no error line: {}", shown.stderr));
+    for named in [
+        &event_id.to_string(),
+        &id,
+        "cannot be decoded",
+        "order.placed payload does not match its schema",
+        "nonsense",
+    ] {
+        assert!(message.contains(named), "{named:?} not in {message:?}");
+    }
+    let clauses: Vec<&str> = message.split(": ").collect();
+    for (i, clause) in clauses.iter().enumerate() {
+        assert!(
+            !clauses[i + 1..].contains(clause),
+            "{clause:?} appears twice in {message:?}"
+        );
+    }
+}
