@@ -1,7 +1,10 @@
-//! `waybill-lab`: the tools that run the whole system to test it. `waybill chaos` hands over to
-//! `waybill-lab chaos`, so the order service's binary links none of this.
+//! `waybill-lab`: the tools that run the whole system — the demo, the load generator, private
+//! services and the chaos harness. `waybill demo|load|services|chaos` hand over to it, so the order
+//! service's binary links none of this (nor the relay's and projections' libraries the demo runs).
 
 mod chaos;
+mod demo;
+mod load;
 
 use std::process::ExitCode;
 
@@ -12,6 +15,16 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "waybill-lab", version, max_term_width = 100)]
 struct Cli {
+    /// PostgreSQL URL of the event store (demo, load, services).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://127.0.0.1:5432/waybill",
+        global = true,
+        hide_env_values = true
+    )]
+    database_url: String,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -22,12 +35,25 @@ enum Command {
     /// a verdict from first principles: nothing lost, nothing applied twice or out of order, nothing
     /// stalled. Exit 0 only when every check holds.
     Chaos(chaos::ChaosArgs),
+    /// The whole system in one command: fresh database and stream, the order service, the relay and
+    /// the three projections, a scripted story with a relay crash, a legacy event and a duplicate,
+    /// then a comparison of the projections with the event store (exit 0 only when they agree).
+    Demo(demo::DemoArgs),
+    /// Play realistic order lifecycles against the order service, with a progress bar and a summary.
+    Load(load::LoadArgs),
+    /// Start private PostgreSQL and NATS servers for whichever of DATABASE_URL and NATS_URL does not
+    /// answer, print their URLs as shell exports, and keep them until SIGTERM/Ctrl-C.
+    Services(demo::services::ServicesArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // sqlx reports every session PostgreSQL ends as a warning: a crash does that on purpose here.
-    ops::init_logging("info,sqlx=error,async_nats=warn");
+    ops::init_logging(match cli.command {
+        // sqlx reports every session PostgreSQL ends as a warning: a crash does that on purpose here.
+        Command::Chaos(_) => "info,sqlx=error,async_nats=warn",
+        // The demo and the load tell their own story; the libraries they run only warn.
+        _ => "warn,relay=error,projections=error",
+    });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -36,8 +62,14 @@ fn main() -> ExitCode {
         }
     };
     let outcome = runtime.block_on(async {
+        let database_url = cli.database_url;
         match cli.command {
             Command::Chaos(args) => chaos::run(args).await,
+            Command::Demo(args) => demo::run(&database_url, args).await.map(|()| true),
+            Command::Load(args) => load::run(&database_url, args).await.map(|()| true),
+            Command::Services(args) => demo::services::serve(&database_url, args)
+                .await
+                .map(|()| true),
         }
     });
     match outcome {

@@ -49,21 +49,23 @@ pub enum Command {
     /// The whole system in one command: fresh database and stream, the order service, the relay and
     /// the three projections, a scripted story with a relay crash, a legacy event and a duplicate,
     /// then a comparison of the projections with the event store (exit 0 only when they agree).
-    Demo(crate::demo::DemoArgs),
+    /// Runs `waybill-lab demo`; see `waybill demo --help`.
+    #[command(disable_help_flag = true)]
+    Demo(HandedOver),
     /// Play realistic order lifecycles against the order service, with a progress bar and a summary.
-    Load(crate::load::LoadArgs),
+    /// Runs `waybill-lab load`; see `waybill load --help`.
+    #[command(disable_help_flag = true)]
+    Load(HandedOver),
     /// Start private PostgreSQL and NATS servers for whichever of DATABASE_URL and NATS_URL does not
-    /// answer, print their URLs as shell exports, and keep them until SIGTERM/Ctrl-C.
-    Services(ServicesArgs),
+    /// answer, print their URLs as shell exports, and keep them until SIGTERM/Ctrl-C. Runs
+    /// `waybill-lab services`; see `waybill services --help`.
+    #[command(disable_help_flag = true)]
+    Services(HandedOver),
     /// Every kind of fault (killed and frozen relays, killed projections, NATS and PostgreSQL crashes,
     /// ended sessions, hostile messages) against the real processes under load on private servers,
     /// then a verdict from first principles. Runs `waybill-lab chaos`; see `waybill chaos --help`.
     #[command(disable_help_flag = true)]
-    Chaos {
-        /// Arguments for `waybill-lab chaos` (try --help).
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    Chaos(HandedOver),
     /// Print the event catalog: every payload's JSON Schema, or (with --asyncapi) an AsyncAPI document
     /// of the stream's subjects, headers and messages.
     Schema(SchemaArgs),
@@ -75,6 +77,14 @@ pub enum Command {
     Roles(RolesCommand),
     #[command(flatten)]
     Order(OrderCommand),
+}
+
+/// The arguments of a command that another binary carries out (`waybill-lab`), passed on as given.
+#[derive(Debug, Args)]
+pub struct HandedOver {
+    /// Arguments for the `waybill-lab` command of the same name (try --help).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<String>,
 }
 
 /// `waybill roles …`.
@@ -103,22 +113,6 @@ pub enum OrderCommand {
     Ship(ShipArgs),
     /// Show an order as folded from its events.
     Show(ShowArgs),
-}
-
-/// `waybill services`.
-#[derive(Debug, Args)]
-pub struct ServicesArgs {
-    /// NATS server URL to check.
-    #[arg(
-        long,
-        env = "NATS_URL",
-        default_value = "nats://127.0.0.1:4222",
-        hide_env_values = true
-    )]
-    pub nats_url: String,
-    /// Also write the exports to this file (written last, so it can be waited for).
-    #[arg(long, value_name = "FILE")]
-    pub env_file: Option<std::path::PathBuf>,
 }
 
 /// `waybill schema`.

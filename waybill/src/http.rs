@@ -143,6 +143,7 @@ impl From<CommandError> for Problem {
 
 /// A JSON body whose refusals are problems: 415 without a JSON content type, 413 for one too large,
 /// 400 for one that is not the expected JSON, with a message that names the field and the rule.
+#[derive(Debug)]
 pub struct Body<T>(T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {

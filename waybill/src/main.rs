@@ -2,12 +2,8 @@
 
 mod catalog;
 mod cli;
-mod demo;
 mod failure;
-mod http;
-mod load;
 mod migrate;
-mod openapi;
 mod orders;
 
 use std::process::ExitCode;
@@ -18,10 +14,11 @@ use store::EventStore;
 
 use crate::cli::{Cli, Command, OrderCommand};
 use crate::failure::{Failure, redact};
+use waybill::http;
 
 /// Replaces this process with the sibling binary `program` running `command ARGS` (as `cargo foo` runs
 /// `cargo-foo`), so the order service's binary links none of the tools; returns only on failure.
-fn hand_over(program: &str, command: &str, args: &[String]) -> anyhow::Error {
+fn hand_over(program: &str, command: &str, args: &[String], database_url: &str) -> anyhow::Error {
     use std::os::unix::process::CommandExt;
     let path = match std::env::current_exe() {
         Ok(here) => here.with_file_name(program),
@@ -33,11 +30,23 @@ fn hand_over(program: &str, command: &str, args: &[String]) -> anyhow::Error {
             path.display()
         );
     }
+    // The URL goes by the environment, not the command line, where any local user could read a
+    // password in it.
     let error = std::process::Command::new(&path)
         .arg(command)
         .args(args)
+        .env("DATABASE_URL", database_url)
         .exec();
     anyhow::Error::new(error).context(format!("cannot run {}", path.display()))
+}
+
+/// Hands `command` over to `waybill-lab`, passing on this program's global flags: the event store's
+/// URL (as resolved from the flag, DATABASE_URL or the default) and `--json`.
+fn lab(database_url: &str, command: &str, mut args: Vec<String>, json: bool) -> anyhow::Error {
+    if json {
+        args.push("--json".to_owned());
+    }
+    hand_over("waybill-lab", command, &args, database_url)
 }
 
 #[tokio::main]
@@ -46,9 +55,6 @@ async fn main() -> ExitCode {
     // Long-running services say what they do; one-shot commands only warn.
     ops::init_logging(match cli.command {
         Command::Serve(_) => "info,sqlx=warn",
-        Command::Demo(_) | Command::Services(_) | Command::Load(_) => {
-            "warn,relay=error,projections=error"
-        }
         _ => "warn",
     });
     let json = cli.json;
@@ -60,24 +66,16 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
-        Command::Chaos { mut args } => {
-            // `--json` is one of this program's global flags: clap took it, so pass it on.
-            if cli.json {
-                args.push("--json".to_owned());
-            }
-            Err(hand_over("waybill-lab", "chaos", &args).into())
+        Command::Demo(handed) => Err(lab(&cli.database_url, "demo", handed.args, false).into()),
+        Command::Services(handed) => {
+            Err(lab(&cli.database_url, "services", handed.args, false).into())
+        }
+        Command::Load(handed) => Err(lab(&cli.database_url, "load", handed.args, cli.json).into()),
+        Command::Chaos(handed) => {
+            Err(lab(&cli.database_url, "chaos", handed.args, cli.json).into())
         }
         Command::Migrate => migrate::run(&cli.database_url, cli.json).await,
         Command::Serve(args) => serve(&cli.database_url, args).await.map_err(Failure::from),
-        Command::Demo(args) => demo::run(&cli.database_url, args)
-            .await
-            .map_err(Failure::from),
-        Command::Services(args) => services(&cli.database_url, args)
-            .await
-            .map_err(Failure::from),
-        Command::Load(args) => load::run(&cli.database_url, args, cli.json)
-            .await
-            .map_err(Failure::from),
         Command::Schema(args) => {
             let document = if args.asyncapi {
                 catalog::asyncapi(&args.stream, &args.subject_prefix)
@@ -130,29 +128,6 @@ async fn roles_create(database_url: &str, json: bool) -> anyhow::Result<()> {
         }
         println!("roles ready: {}", store::roles::ROLES.join(", "));
     }
-    Ok(())
-}
-
-/// `waybill services`: private PostgreSQL and NATS where the configured ones do not answer.
-async fn services(database_url: &str, args: cli::ServicesArgs) -> anyhow::Result<()> {
-    let services = demo::services::Services::ensure(database_url, &args.nats_url)?;
-    // The database's name as PostgreSQL reads it (a `?sslmode=…` after it is no part of the name).
-    let options = store::connect_options(database_url).context("reading --database-url")?;
-    let database = options.get_database().unwrap_or("waybill").to_owned();
-    let exports = format!(
-        "export DATABASE_URL='{}'\nexport NATS_URL='{}'\n",
-        services.database_url(&database),
-        services.nats_url
-    );
-    for line in services.describe() {
-        eprintln!("{line}");
-    }
-    print!("{exports}");
-    if let Some(file) = &args.env_file {
-        std::fs::write(file, &exports).with_context(|| format!("writing {}", file.display()))?;
-    }
-    ops::shutdown_signal().await;
-    drop(services);
     Ok(())
 }
 

@@ -462,30 +462,6 @@ async fn outbox_status_counts_what_commands_wrote(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
-async fn load_plays_lifecycles_and_summarises_them(pool: PgPool) {
-    let url = url_of(&pool).await;
-    let run = waybill(
-        &url,
-        &["load", "--orders", "20", "--concurrency", "4", "--json"],
-    )
-    .await;
-    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
-    let summary = run.json();
-    assert_eq!(summary["placed"], 20);
-    assert_eq!(summary["errors"], 0);
-    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
-        .fetch_one(&pool)
-        .await
-        .expect("count");
-    let commands = summary["commands"].as_i64().expect("commands")
-        - summary["refused_as_expected"].as_i64().expect("refused");
-    assert_eq!(
-        events, commands,
-        "one event per accepted command, none for the refused ones"
-    );
-}
-
-#[sqlx::test(migrator = "store::MIGRATOR")]
 async fn a_corrupt_stored_event_fails_show_naming_the_event_and_saying_each_cause_once(
     pool: PgPool,
 ) {

@@ -16,6 +16,10 @@ use crate::demo::scenario::{Api, Played, play_one};
 /// `waybill load` options.
 #[derive(Debug, clap::Args)]
 pub struct LoadArgs {
+    /// Print the summary as JSON on standard output.
+    #[arg(long)]
+    pub json: bool,
+
     /// Order lifecycles to play.
     #[arg(long, default_value_t = 1000)]
     pub orders: usize,
@@ -35,7 +39,8 @@ pub struct LoadArgs {
 }
 
 /// Plays the lifecycles and prints the summary.
-pub async fn run(database_url: &str, args: LoadArgs, json_output: bool) -> anyhow::Result<()> {
+pub async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
+    let json_output = args.json;
     let (stop, _) = tokio::sync::watch::channel(false);
     let base = match &args.api {
         Some(base) => base.trim_end_matches('/').to_owned(),
@@ -48,7 +53,7 @@ pub async fn run(database_url: &str, args: LoadArgs, json_output: bool) -> anyho
             let mut watcher = stop.subscribe();
             let address = ops::serve(
                 SocketAddr::from(([127, 0, 0, 1], 0)),
-                crate::http::router(store),
+                waybill::http::router(store),
                 async move {
                     let _ = watcher.wait_for(|s| *s).await;
                 },

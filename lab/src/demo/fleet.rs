@@ -87,7 +87,7 @@ impl Fleet {
         let api = ops::serve(
             local(),
             // Inside the demo the API and its telemetry share one listener; `waybill serve` keeps them apart.
-            crate::http::router(store).merge(telemetry.clone()),
+            waybill::http::router(store).merge(telemetry.clone()),
             stopped(),
         )
         .await?;

@@ -61,12 +61,12 @@ impl Services {
         [
             format!(
                 "PostgreSQL {} ({})",
-                crate::failure::redact(&self.database_url("")).trim_end_matches('/'),
+                ops::redact_url(&self.database_url("")).trim_end_matches('/'),
                 whose(self.private_postgres.is_some())
             ),
             format!(
                 "NATS       {} ({})",
-                crate::failure::redact(&self.nats_url),
+                ops::redact_url(&self.nats_url),
                 whose(self.private_nats.is_some())
             ),
         ]
@@ -82,6 +82,46 @@ fn host_port(url: &str, default_port: u16) -> (String, u16) {
         Some((host, port)) => (host.to_owned(), port.parse().unwrap_or(default_port)),
         None => (host_port.to_owned(), default_port),
     }
+}
+
+/// `waybill services`.
+#[derive(Debug, clap::Args)]
+pub struct ServicesArgs {
+    /// NATS server URL to check.
+    #[arg(
+        long,
+        env = "NATS_URL",
+        default_value = "nats://127.0.0.1:4222",
+        hide_env_values = true
+    )]
+    pub nats_url: String,
+    /// Also write the exports to this file (written last, so it can be waited for).
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Option<std::path::PathBuf>,
+}
+
+/// `waybill services`: private PostgreSQL and NATS where the configured ones do not answer, their
+/// URLs printed as shell exports, kept until SIGTERM/Ctrl-C.
+pub async fn serve(database_url: &str, args: ServicesArgs) -> anyhow::Result<()> {
+    let services = Services::ensure(database_url, &args.nats_url)?;
+    // The database's name as PostgreSQL reads it (a `?sslmode=…` after it is no part of the name).
+    let options = ops::database::connect_options(database_url).context("reading --database-url")?;
+    let database = options.get_database().unwrap_or("waybill").to_owned();
+    let exports = format!(
+        "export DATABASE_URL='{}'\nexport NATS_URL='{}'\n",
+        services.database_url(&database),
+        services.nats_url
+    );
+    for line in services.describe() {
+        eprintln!("{line}");
+    }
+    print!("{exports}");
+    if let Some(file) = &args.env_file {
+        std::fs::write(file, &exports).with_context(|| format!("writing {}", file.display()))?;
+    }
+    ops::shutdown_signal().await;
+    drop(services);
+    Ok(())
 }
 
 #[cfg(test)]

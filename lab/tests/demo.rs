@@ -10,7 +10,7 @@ use projections::{Inventory, Points, Projection, Search};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// The demo's own stream and subject prefix (fixed in `waybill::demo`).
+/// The demo's own stream and subject prefix (fixed in the lab's `demo` module).
 const STREAM: &str = "WAYBILL_DEMO";
 const PREFIX: &str = "waybill.demo";
 
@@ -20,7 +20,7 @@ async fn the_demo_runs_green_and_its_projections_agree_with_the_event_store() {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
     let database = format!("waybill_demo_test_{}", uuid::Uuid::now_v7().simple());
     let started = Instant::now();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill"))
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-lab"))
         .args([
             "demo",
             "--orders",
