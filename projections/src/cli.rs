@@ -14,7 +14,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::projection::Projection;
-use crate::runner::{FailPoint, Runner, RunnerConfig, Tally};
+use crate::runner::{Runner, RunnerConfig, Tally};
 use crate::{held, park};
 
 /// The command line of a projection binary: connection flags, the commands every projection has, and
@@ -119,6 +119,7 @@ pub enum Common {
     /// Build the state anew from the start of the stream beside the live one, then swap it in.
     Rebuild {
         /// Testing only: fail after building, before the swap.
+        #[cfg(feature = "fault-injection")]
         #[arg(long, hide = true)]
         fail_before_swap: bool,
     },
@@ -233,6 +234,7 @@ pub struct RunArgs {
     pub metrics_listen: Option<SocketAddr>,
 
     /// Testing only: abort after a batch commits, before acking it.
+    #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     pub crash_after_commit: bool,
 }
@@ -258,14 +260,16 @@ pub async fn run_common<P: Projection>(
     json_output: bool,
     read_routes: impl FnOnce(PgPool) -> axum::Router,
 ) -> anyhow::Result<()> {
+    #[cfg_attr(not(feature = "fault-injection"), allow(unused_mut))]
     let mut config = connection.runner_config();
+    #[cfg(feature = "fault-injection")]
     match &command {
         Common::Run(args) if args.crash_after_commit => {
-            config.fail_point = FailPoint::AbortAfterCommit;
+            config.fail_point = crate::runner::FailPoint::AbortAfterCommit;
         }
         Common::Rebuild {
             fail_before_swap: true,
-        } => config.fail_point = FailPoint::FailBeforeSwap,
+        } => config.fail_point = crate::runner::FailPoint::FailBeforeSwap,
         _ => {}
     }
     let runner = Arc::new(

@@ -15,7 +15,7 @@ use crate::metrics;
 use crate::park::{self, ParkRecord};
 use crate::plan::Verdict;
 use crate::projection::Projection;
-use crate::runner::{FailPoint, Runner, Tally};
+use crate::runner::{Runner, Tally};
 
 /// With `--once`: how long the database may keep failing (nothing settled) before the run gives up
 /// waiting for the unacknowledged messages.
@@ -142,7 +142,8 @@ impl<P: Projection> Runner<P> {
                 verdicts
             }
         };
-        if self.config.fail_point == FailPoint::AbortAfterCommit {
+        #[cfg(feature = "fault-injection")]
+        if self.config.fail_point == crate::runner::FailPoint::AbortAfterCommit {
             tracing::warn!("fail point: aborting after the commit, before acking");
             std::process::abort();
         }

@@ -9,7 +9,7 @@ use async_nats::jetstream::consumer::{DeliverPolicy, PullConsumer};
 use std::sync::Arc;
 
 use crate::projection::Projection;
-use crate::runner::{FailPoint, Runner, Tally, is_not_found};
+use crate::runner::{Runner, Tally, is_not_found};
 use crate::schema;
 
 impl<P: Projection> Runner<P> {
@@ -52,7 +52,8 @@ impl<P: Projection> Runner<P> {
         // Everything up to the ack floor is in the new state; the live consumer continues after it.
         let consumed_through = info.ack_floor.stream_sequence;
         builder.pool.close().await;
-        if self.config.fail_point == FailPoint::FailBeforeSwap {
+        #[cfg(feature = "fault-injection")]
+        if self.config.fail_point == crate::runner::FailPoint::FailBeforeSwap {
             anyhow::bail!("fail point: the rebuild stops before the swap");
         }
 

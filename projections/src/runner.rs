@@ -60,15 +60,18 @@ impl Default for RunnerConfig {
     }
 }
 
-/// Deliberate stops, to reproduce crashes.
+/// Deliberate stops, to reproduce crashes. Only `None` exists unless the `fault-injection` feature
+/// (the tests, the demo) is on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FailPoint {
     /// Run normally.
     #[default]
     None,
     /// Abort the process after a batch committed, before any ack is sent.
+    #[cfg(feature = "fault-injection")]
     AbortAfterCommit,
     /// Fail a rebuild after the new state is built, before it is swapped in.
+    #[cfg(feature = "fault-injection")]
     FailBeforeSwap,
 }
 

@@ -54,6 +54,7 @@ pub struct RelayConfig {
     /// Steps run at once by [`crate::Relay::run`] and [`crate::Relay::drain`].
     pub lanes: usize,
     /// Deliberate publish failures, for tests and benchmarks only (none by default).
+    #[cfg(feature = "fault-injection")]
     pub faults: PublishFaults,
 }
 
@@ -82,12 +83,21 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_secs(1),
             claim_idle_timeout: Duration::from_secs(30),
             lanes: 2,
+            #[cfg(feature = "fault-injection")]
             faults: PublishFaults::default(),
         }
     }
 }
 
 impl RelayConfig {
+    /// The deliberate publish failures: none unless the `fault-injection` feature is on and asks.
+    pub(crate) fn faults(&self) -> PublishFaults {
+        #[cfg(feature = "fault-injection")]
+        return self.faults;
+        #[cfg(not(feature = "fault-injection"))]
+        PublishFaults::default()
+    }
+
     /// Refuses settings that would disable a safety net.
     pub fn validate(&self) -> Result<(), String> {
         if self.claim_idle_timeout < Duration::from_secs(1) {

@@ -18,7 +18,9 @@ pub mod step;
 pub mod stream;
 
 pub use backoff::Backoff;
-pub use config::{PublishFaults, RelayConfig, StreamSettings};
+#[cfg(feature = "fault-injection")]
+pub use config::PublishFaults;
+pub use config::{RelayConfig, StreamSettings};
 pub use run::{Relay, RunSummary};
 pub use step::{FailPoint, StepError, StepReport};
 pub use stream::{ProvisionError, ensure_stream};

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use relay::cli::{OutboxCommand, run_outbox};
-use relay::{Backoff, FailPoint, Relay, RelayConfig, StreamSettings};
+use relay::{Backoff, Relay, RelayConfig, StreamSettings};
 
 // The relay allocates and frees many small buffers per message (headers, subjects, acks); glibc's
 // allocator spent a fifth of the relay's CPU on them (measured with perf), mimalloc much less.
@@ -149,6 +149,7 @@ struct RunArgs {
     no_provision: bool,
 
     /// Testing only: abort the process after the PubAcks, before marking anything sent.
+    #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     crash_after_publish: bool,
 }
@@ -231,11 +232,13 @@ async fn relay_run(
         config.relay_id = id;
     }
     config.validate().map_err(ops::Refused)?;
-    let mut relay =
-        Relay::connect(&connection.database_url, connection.nats.clone(), config).await?;
-    if args.crash_after_publish {
-        relay = relay.with_fail_point(FailPoint::AbortProcessAfterPublish);
-    }
+    let relay = Relay::connect(&connection.database_url, connection.nats.clone(), config).await?;
+    #[cfg(feature = "fault-injection")]
+    let relay = if args.crash_after_publish {
+        relay.with_fail_point(relay::FailPoint::AbortProcessAfterPublish)
+    } else {
+        relay
+    };
     if !args.no_provision {
         relay.provision(false).await?;
     }

@@ -153,6 +153,7 @@ impl Relay {
     }
 
     /// Stops every step at `fail_point` (to reproduce the crash window).
+    #[cfg(feature = "fault-injection")]
     pub fn with_fail_point(mut self, fail_point: FailPoint) -> Self {
         self.fail_point = fail_point;
         self

@@ -59,19 +59,23 @@ impl StepReport {
     }
 }
 
-/// Where a step may be told to stop, to reproduce the crash window deliberately.
+/// Where a step may be told to stop, to reproduce the crash window deliberately. Only `None` exists
+/// unless the `fault-injection` feature (tests, the demo, the chaos harness) is on.
 #[derive(Debug, Clone, Default)]
 pub enum FailPoint {
     /// Run normally.
     #[default]
     None,
+    #[cfg(feature = "fault-injection")]
     /// After the PubAcks, give up the transaction without marking anything (as if the process died).
     AbandonAfterPublish,
     /// After the PubAcks, abort the whole process while the claim transaction is still open: the
     /// SIGKILL case, exactly.
+    #[cfg(feature = "fault-injection")]
     AbortProcessAfterPublish,
     /// After the PubAcks, signal `reached` and wait for `resume` before settling (tests use it to end
     /// the session or start a rival relay in the window).
+    #[cfg(feature = "fault-injection")]
     PauseAfterPublish {
         /// Notified when the step reaches the window.
         reached: Arc<tokio::sync::Notify>,
@@ -152,7 +156,7 @@ pub async fn step(
         config.max_in_flight,
         deadline,
         stopping,
-        config.faults,
+        config.faults(),
     )
     .await;
     let settlement = assess(&runs, &outcomes, &maybe_published, config, &mut report);
@@ -161,6 +165,7 @@ pub async fn step(
 
     match fail_point {
         FailPoint::None => {}
+        #[cfg(feature = "fault-injection")]
         FailPoint::AbandonAfterPublish => {
             // Roll back now rather than when the connection is next used, so the rows are free at once
             // (as they are when a process dies and PostgreSQL closes its session).
@@ -169,10 +174,12 @@ pub async fn step(
             tracing::warn!(%claim_id, published = report.published, "fail point: abandoning the step before marking sent");
             return Ok(report);
         }
+        #[cfg(feature = "fault-injection")]
         FailPoint::AbortProcessAfterPublish => {
             tracing::warn!(%claim_id, published = report.published, "fail point: aborting the process before marking sent");
             std::process::abort();
         }
+        #[cfg(feature = "fault-injection")]
         FailPoint::PauseAfterPublish { reached, resume } => {
             reached.notify_one();
             resume.notified().await;
