@@ -1,8 +1,6 @@
 //! Printed error chains say each thing once: an error's message says what failed, its `source()` says
 //! why, and no message repeats its source.
 
-use std::error::Error;
-
 use chrono::Utc;
 use domain::{
     CURRENT_VERSIONS, DecodeError, EventEnvelope, EventMeta, Note, OrderCancelled, OrderEvent,
@@ -11,38 +9,7 @@ use domain::{
 use serde_json::json;
 use uuid::Uuid;
 
-/// The chain as a report prints it: every message from the outermost to the root cause, joined by ": ".
-fn chain(error: &dyn Error) -> Vec<String> {
-    let mut clauses = vec![error.to_string()];
-    let mut source = error.source();
-    while let Some(cause) = source {
-        clauses.push(cause.to_string());
-        source = cause.source();
-    }
-    clauses
-}
-
-/// Asserts no clause of the printed chain appears twice, and returns the printed chain.
-fn assert_said_once(error: &dyn Error) -> String {
-    let clauses = chain(error);
-    let printed = clauses.join(": ");
-    let parts: Vec<&str> = printed.split(": ").collect();
-    for (i, part) in parts.iter().enumerate() {
-        assert!(
-            !parts[i + 1..].contains(part),
-            "{part:?} appears twice in {printed:?}"
-        );
-    }
-    for pair in clauses.windows(2) {
-        assert!(
-            !pair[0].contains(&pair[1]),
-            "{:?} repeats its source {:?}",
-            pair[0],
-            pair[1]
-        );
-    }
-    printed
-}
+use testkit::assert_said_once;
 
 fn serde_error() -> serde_json::Error {
     serde_json::from_str::<serde_json::Value>("{not json").expect_err("garbage does not parse")

@@ -518,16 +518,7 @@ impl Progress {
 mod tests {
     use super::*;
 
-    /// Asserts no ": "-separated clause of `printed` appears twice.
-    fn assert_said_once(printed: &str) {
-        let parts: Vec<&str> = printed.split(": ").collect();
-        for (i, part) in parts.iter().enumerate() {
-            assert!(
-                !parts[i + 1..].contains(part),
-                "{part:?} appears twice in {printed:?}"
-            );
-        }
-    }
+    use testkit::assert_no_clause_repeats as assert_said_once;
 
     #[test]
     fn a_step_error_chain_says_each_cause_once() {

@@ -314,3 +314,37 @@ pub mod secure_nats {
         )
     }
 }
+
+/// Asserts that no ": "-separated clause of a printed error chain appears twice (a message that quotes
+/// its own source prints the cause twice).
+pub fn assert_no_clause_repeats(printed: &str) {
+    let clauses: Vec<&str> = printed.split(": ").collect();
+    for (i, clause) in clauses.iter().enumerate() {
+        assert!(
+            !clauses[i + 1..].contains(clause),
+            "{clause:?} appears twice in {printed:?}"
+        );
+    }
+}
+
+/// Prints `error` and its causes as a report does (outermost first, joined by ": "), asserts that no
+/// clause repeats and that no message quotes its source, and returns the printed chain.
+pub fn assert_said_once(error: &dyn std::error::Error) -> String {
+    let mut messages = vec![error.to_string()];
+    let mut source = error.source();
+    while let Some(cause) = source {
+        messages.push(cause.to_string());
+        source = cause.source();
+    }
+    let printed = messages.join(": ");
+    assert_no_clause_repeats(&printed);
+    for pair in messages.windows(2) {
+        assert!(
+            !pair[0].contains(&pair[1]),
+            "{:?} repeats its source {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    printed
+}

@@ -511,11 +511,5 @@ async fn a_corrupt_stored_event_fails_show_naming_the_event_and_saying_each_caus
     ] {
         assert!(message.contains(named), "{named:?} not in {message:?}");
     }
-    let clauses: Vec<&str> = message.split(": ").collect();
-    for (i, clause) in clauses.iter().enumerate() {
-        assert!(
-            !clauses[i + 1..].contains(clause),
-            "{clause:?} appears twice in {message:?}"
-        );
-    }
+    testkit::assert_no_clause_repeats(message);
 }
