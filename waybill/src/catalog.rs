@@ -39,7 +39,9 @@ pub fn asyncapi(stream: &str, prefix: &str) -> Value {
         format!("{prefix}.order.{{aggregateId}}"),
         json!({
             "description": format!(
-                "Every event of one order, in aggregate_version order, each published with                  Nats-Expected-Last-Subject-Sequence = the stream sequence of the order's previous event.                  Subscribe to `{prefix}.order.*` for all orders; route by the {} header.",
+                "Every event of one order, in aggregate_version order, each published with \
+                 Nats-Expected-Last-Subject-Sequence = the stream sequence of the order's previous event. \
+                 Subscribe to `{prefix}.order.*` for all orders; route by the {} header.",
                 wire::EVENT_TYPE
             ),
             "parameters": {"aggregateId": {"description": "The order id", "schema": {"type": "string", "format": "uuid"}}},
@@ -70,6 +72,8 @@ pub fn asyncapi(stream: &str, prefix: &str) -> Value {
 fn message(entry: &PayloadSchema, name: &str) -> Value {
     let constant = |v: Value| json!({"const": v});
     json!({
+        // Generators name their types after it; unique across the document.
+        "messageId": name,
         "name": name,
         "title": format!("{} version {}", entry.event_type, entry.event_version),
         "contentType": "application/json",
@@ -144,5 +148,17 @@ mod tests {
             Some(payload_schemas().len())
         );
         assert_eq!(schemas()["order.placed"]["2"]["title"], "order.placed v2");
+        for (name, message) in document["components"]["messages"]
+            .as_object()
+            .expect("messages")
+        {
+            assert_eq!(
+                message["messageId"],
+                name.as_str(),
+                "every message has its id"
+            );
+        }
+        let description = channel["description"].as_str().expect("description");
+        assert!(!description.contains("  "), "{description:?}");
     }
 }
