@@ -539,7 +539,7 @@ mod tests {
 
     #[test]
     fn a_provision_error_chain_says_each_cause_once() {
-        let error = ProvisionError::JetStream("timed out".to_owned());
+        let error = ProvisionError::JetStream(Box::new(std::io::Error::other("timed out")));
         let printed = error_chain(&error);
         assert_said_once(&printed);
         assert_eq!(printed, "JetStream request failed: timed out");

@@ -29,8 +29,13 @@ pub enum ProvisionError {
         differences: Vec<String>,
     },
     /// Talking to JetStream failed.
-    #[error("JetStream request failed: {0}")]
-    JetStream(String),
+    #[error("JetStream request failed")]
+    JetStream(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// A failed JetStream request, its error kept as the source.
+fn request_failed(error: impl std::error::Error + Send + Sync + 'static) -> ProvisionError {
+    ProvisionError::JetStream(Box::new(error))
 }
 
 /// The stream the relay needs: file storage, every subject under the prefix, the dedupe window, and no
@@ -121,14 +126,9 @@ pub async fn ensure_stream(
     update: bool,
 ) -> Result<stream::Info, ProvisionError> {
     let wanted = wanted_config(settings);
-    let request_failed = |e: &dyn std::fmt::Display| ProvisionError::JetStream(e.to_string());
     match jetstream.get_stream(&settings.name).await {
         Ok(mut existing) => {
-            let info = existing
-                .info()
-                .await
-                .map_err(|e| request_failed(&e))?
-                .clone();
+            let info = existing.info().await.map_err(request_failed)?.clone();
             let differences = differences(&info.config, &wanted);
             if differences.is_empty() {
                 return Ok(info);
@@ -143,23 +143,19 @@ pub async fn ensure_stream(
             let updated = jetstream
                 .update_stream(&wanted)
                 .await
-                .map_err(|e| request_failed(&e))?;
+                .map_err(request_failed)?;
             verify_applied(updated, &wanted)
         }
         Err(error) if is_stream_not_found(&error) => {
             let mut created = jetstream
                 .create_stream(wanted.clone())
                 .await
-                .map_err(|e| request_failed(&e))?;
+                .map_err(request_failed)?;
             tracing::info!(stream = %settings.name, subjects = ?wanted.subjects, "created the stream");
-            let info = created
-                .info()
-                .await
-                .map_err(|e| request_failed(&e))?
-                .clone();
+            let info = created.info().await.map_err(request_failed)?.clone();
             verify_applied(info, &wanted)
         }
-        Err(error) => Err(request_failed(&error)),
+        Err(error) => Err(request_failed(error)),
     }
 }
 
