@@ -223,6 +223,15 @@ const ANNOTATIONS: &[&str] = &["description", "examples", "title"];
 /// `uuid`), `minimum`/`maximum`, `minLength`/`maxLength`, `minItems`/`maxItems` and `pattern` (only
 /// the `^[class]{m,n}$` shape). The `jsonschema` crate is not in Cargo.lock and would bring dozens of
 /// crates into the shared lock file for this one test. Any keyword outside the subset is an error,
+/// Whether `actual` keeps a lower bound (`lower`) or an upper one.
+fn within<T: PartialOrd>(lower: bool, actual: T, bound: T) -> bool {
+    if lower {
+        actual >= bound
+    } else {
+        actual <= bound
+    }
+}
+
 /// not ignored: the validator must never pass a body because it did not understand its schema.
 fn validate(document: &Value, schema: &Value, value: &Value, at: &str) -> Vec<String> {
     let schema = resolve(document, schema);
@@ -266,41 +275,24 @@ fn validate(document: &Value, schema: &Value, value: &Value, at: &str) -> Vec<St
                 }
             }
             "minimum" | "maximum" => {
-                if let (Some(bound), Some(n)) = (argument.as_f64(), value.as_f64()) {
-                    let ok = if keyword == "minimum" {
-                        n >= bound
-                    } else {
-                        n <= bound
-                    };
-                    if !ok {
-                        fail(format!("{value} breaks {keyword} {bound}"));
-                    }
+                if let (Some(bound), Some(n)) = (argument.as_f64(), value.as_f64())
+                    && !within(keyword == "minimum", n, bound)
+                {
+                    fail(format!("{value} breaks {keyword} {bound}"));
                 }
             }
             "minLength" | "maxLength" => {
-                if let (Some(bound), Some(s)) = (argument.as_u64(), value.as_str()) {
-                    let length = s.chars().count() as u64;
-                    let ok = if keyword == "minLength" {
-                        length >= bound
-                    } else {
-                        length <= bound
-                    };
-                    if !ok {
-                        fail(format!("{value} breaks {keyword} {bound}"));
-                    }
+                if let (Some(bound), Some(s)) = (argument.as_u64(), value.as_str())
+                    && !within(keyword == "minLength", s.chars().count() as u64, bound)
+                {
+                    fail(format!("{value} breaks {keyword} {bound}"));
                 }
             }
             "minItems" | "maxItems" => {
-                if let (Some(bound), Some(items)) = (argument.as_u64(), value.as_array()) {
-                    let length = items.len() as u64;
-                    let ok = if keyword == "minItems" {
-                        length >= bound
-                    } else {
-                        length <= bound
-                    };
-                    if !ok {
-                        fail(format!("{} items break {keyword} {bound}", items.len()));
-                    }
+                if let (Some(bound), Some(items)) = (argument.as_u64(), value.as_array())
+                    && !within(keyword == "minItems", items.len() as u64, bound)
+                {
+                    fail(format!("{} items break {keyword} {bound}", items.len()));
                 }
             }
             "pattern" => {
