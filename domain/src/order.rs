@@ -34,7 +34,7 @@ pub struct PayOrder {
 /// Cancel a placed or paid order (the latter is a refund).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CancelOrder {
-    /// Why.
+    /// Why the order is cancelled, as the customer or operator gave it.
     pub reason: Note,
 }
 
