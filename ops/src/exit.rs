@@ -5,10 +5,18 @@
 use std::process::ExitCode;
 
 /// Marks an error as the caller's input being refused (exit code 2): nothing was changed, and repeating
-/// the same input will not help.
+/// the same input will not help. The one way every binary says so: a `Refused` anywhere in an error's
+/// chain makes [`report_failure`] exit 2. It prints as the error it wraps, causes included.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Refused(pub String);
+#[error(transparent)]
+pub struct Refused(Box<dyn std::error::Error + Send + Sync + 'static>);
+
+impl Refused {
+    /// Refuses with `reason`: a message (`&str`, `String`) or an error whose causes are kept.
+    pub fn new(reason: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        Self(reason.into())
+    }
+}
 
 /// Reports `error` and returns its exit code: 2 if `refused` or anything in its chain is [`Refused`].
 pub fn report_failure(error: &anyhow::Error, refused: bool, json_output: bool) -> ExitCode {

@@ -15,6 +15,8 @@ pub struct NatsConnection {
     /// NATS server URL: nats://host:port, or tls://host:port to require TLS (TLS is also used when
     /// the server requires it). user:password@ in the URL is accepted and never printed.
     #[arg(
+        id = "nats_url",
+        value_name = "URL",
         long = "nats-url",
         env = "NATS_URL",
         default_value = "nats://127.0.0.1:4222",

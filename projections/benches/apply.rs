@@ -16,10 +16,10 @@ use clap::Parser;
 use domain::{EventEnvelope, EventMeta, OrderEvent, OrderId};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use ops::stats::median;
 use projections::{Inventory, Points, Projection, Runner, RunnerConfig, Search};
 use relay::StreamSettings;
 use serde_json::json;
+use testkit::stats::median;
 use uuid::Uuid;
 
 const STREAM: &str = "BENCH_PROJECTIONS";
@@ -58,9 +58,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://127.0.0.1:5432/waybill".into());
-    let url = store::with_database(&base, "waybill_bench_projections");
+    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| ops::DEFAULT_DATABASE_URL.into());
+    let url = ops::database::with_database(&base, "waybill_bench_projections");
     let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let js = jetstream::new(async_nats::connect(&nats_url).await?);
     for (stream, prefix, gaps) in [(STREAM, PREFIX, 0), (GAPS_STREAM, GAPS_PREFIX, args.gaps)] {

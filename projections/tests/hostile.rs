@@ -168,6 +168,10 @@ async fn gaps_are_held_in_the_database_not_on_the_broker(pool: PgPool) {
     assert!(next[0].aggregate_id > listed[2].aggregate_id);
 }
 
+/// How long `run --once` or `rebuild` may take before the test calls it a hang: several times what
+/// they take on a loaded machine, since what is tested is that they end, not how fast.
+const ENDS_WITHIN: Duration = Duration::from_secs(180);
+
 /// Finding 3: `run --once` and `rebuild` used to run forever while a gap was open, and `rebuild`
 /// dropped the state first. Now both end; a rebuild that fails leaves the old state to readers.
 #[sqlx::test(migrator = "store::MIGRATOR")]
@@ -179,14 +183,15 @@ async fn run_once_and_rebuild_end_with_gaps_open_and_rebuild_is_blue_green(pool:
     h.publish(&envelope(order, 3, &shipped())).await;
     h.publish(&envelope(new_order(), 2, &paid(100))).await;
 
-    let started = std::time::Instant::now();
-    let (code, out) = run_json(&h, INVENTORY, &["--json", "run", "--once"]).await;
+    // Ending at all is the fix (it used to run forever); how soon is the machine's business, so the
+    // bound only stops a hang, and dropping the future kills the process.
+    let (code, out) = tokio::time::timeout(
+        ENDS_WITHIN,
+        run_json(&h, INVENTORY, &["--json", "run", "--once"]),
+    )
+    .await
+    .expect("run --once ends with gaps open");
     assert_eq!(code, 0, "{out}");
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "{:?}",
-        started.elapsed()
-    );
     assert_eq!(out["tally"]["applied"], 1, "{out}");
     assert_eq!(out["held"]["count"], 2, "what is held is printed: {out}");
     assert_eq!(
@@ -216,14 +221,11 @@ async fn run_once_and_rebuild_end_with_gaps_open_and_rebuild_is_blue_green(pool:
 
     // More events arrive; the rebuild ends with the gaps still open and swaps in a complete state.
     h.publish(&envelope(order, 2, &paid(600))).await;
-    let started = std::time::Instant::now();
-    let (code, out) = run_json(&h, INVENTORY, &["--json", "rebuild"]).await;
+    let (code, out) =
+        tokio::time::timeout(ENDS_WITHIN, run_json(&h, INVENTORY, &["--json", "rebuild"]))
+            .await
+            .expect("rebuild ends with gaps open");
     assert_eq!(code, 0, "{out}");
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "{:?}",
-        started.elapsed()
-    );
     assert_eq!(
         out["held"]["count"], 1,
         "the orphan payment is still held: {out}"
@@ -464,14 +466,13 @@ async fn operators_see_why_events_wait_and_act_on_them(pool: PgPool) {
     assert_eq!(code, 2, "nothing left to release");
 }
 
+/// Waits for `url` to answer; a bound of a minute only catches a server that never starts, since a
+/// loaded machine can take seconds to start a process and connect it to PostgreSQL and NATS.
 async fn wait_for(url: &str) {
-    for _ in 0..100 {
-        if reqwest::get(url).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{url} never answered");
+    testkit::wait_until(Duration::from_secs(60), url, || async {
+        reqwest::get(url).await.is_ok()
+    })
+    .await;
 }
 
 /// Finding 6: the read APIs answer bad input with 400 problems, page every list, and live on their
@@ -488,8 +489,8 @@ async fn read_apis_refuse_bad_input_page_and_stand_apart_from_metrics(pool: PgPo
         .await;
     }
     let (read_port, metrics_port) = (
-        ops::free_port().expect("port"),
-        ops::free_port().expect("port"),
+        testkit::free_port().expect("port"),
+        testkit::free_port().expect("port"),
     );
     let read_listen = format!("127.0.0.1:{read_port}");
     let metrics_listen = format!("127.0.0.1:{metrics_port}");
@@ -510,12 +511,13 @@ async fn read_apis_refuse_bad_input_page_and_stand_apart_from_metrics(pool: PgPo
     let metrics = format!("http://{metrics_listen}");
     wait_for(&format!("{read}/stock")).await;
     wait_for(&format!("{metrics}/health")).await;
-    for _ in 0..100 {
-        if stock_of(&pool, "CCC").await.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // As long as `wait_for`, and a stock never applied fails here rather than in the checks below.
+    testkit::wait_until(
+        Duration::from_secs(60),
+        "the run to apply the CCC order",
+        || async { stock_of(&pool, "CCC").await.is_some() },
+    )
+    .await;
 
     let get = |url: String| async move {
         let response = reqwest::get(&url).await.expect("answers");
@@ -653,16 +655,12 @@ async fn a_live_run_continues_on_the_rebuilt_state(pool: PgPool) {
     let wait_for_stock = |sku: &'static str, want: (i64, i64, i64)| {
         let pool = pool.clone();
         async move {
-            for _ in 0..200 {
-                if stock_of(&pool, sku).await == Some(want) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!(
-                "{sku} never reached {want:?}: {:?}",
-                stock_of(&pool, sku).await
-            );
+            // A minute: only a run that stopped applying reaches it, not a slow one.
+            let what = format!("{sku} to reach {want:?}");
+            testkit::wait_until(Duration::from_secs(60), &what, || async {
+                stock_of(&pool, sku).await == Some(want)
+            })
+            .await;
         }
     };
     wait_for_stock("KEY", (2, 0, 0)).await;

@@ -20,11 +20,11 @@ use async_nats::HeaderMap;
 use async_nats::jetstream;
 use clap::Parser;
 use futures::StreamExt;
-use ops::stats::{median, percentiles, resident_kib};
 use relay::StreamSettings;
 use serde_json::json;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use store::{CommandContext, EventStore, OutboxNotifier};
+use testkit::stats::{median, percentiles, resident_kib};
 use uuid::Uuid;
 
 const STREAM: &str = "BENCH_EVENTS";
@@ -61,12 +61,11 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://127.0.0.1:5432/waybill".into());
-    let url = store::with_database(&base, "waybill_bench_relay");
+    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| ops::DEFAULT_DATABASE_URL.into());
+    let url = ops::database::with_database(&base, "waybill_bench_relay");
     let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-    store::ensure_database(&url).await?;
-    let pool = store::connect(&url, "waybill-bench", 8).await?;
+    ops::database::ensure_database(&url).await?;
+    let pool = ops::database::connect(&url, "waybill-bench", 8).await?;
     store::migrate(&pool).await?;
     let client = async_nats::connect(&nats_url).await?;
     let js = jetstream::new(client.clone());
@@ -357,10 +356,10 @@ async fn drain_with_relays(
     events: i64,
     pool: &PgPool,
 ) -> anyhow::Result<(f64, u64, CpuSplit)> {
-    let nats_pids = ops::stats::pids_named("nats-server");
+    let nats_pids = testkit::stats::pids_named("nats-server");
     let nats_before: f64 = nats_pids
         .iter()
-        .filter_map(|p| ops::stats::cpu_seconds(*p))
+        .filter_map(|p| testkit::stats::cpu_seconds(*p))
         .sum();
     let started = Instant::now();
     let mut children = Vec::new();
@@ -415,7 +414,7 @@ async fn drain_with_relays(
                     .collect();
                 }
                 for p in relay_pids.iter().chain(&backends) {
-                    if let Some(cpu) = ops::stats::cpu_seconds(*p) {
+                    if let Some(cpu) = testkit::stats::cpu_seconds(*p) {
                         last_cpu.insert(*p, cpu);
                     }
                 }
@@ -440,7 +439,7 @@ async fn drain_with_relays(
     let (peak, relay, postgres) = sampler.await?;
     let nats_after: f64 = nats_pids
         .iter()
-        .filter_map(|p| ops::stats::cpu_seconds(*p))
+        .filter_map(|p| testkit::stats::cpu_seconds(*p))
         .sum();
     let cpu = CpuSplit {
         relay,
@@ -454,6 +453,15 @@ async fn drain_with_relays(
     Ok((events as f64 / elapsed, peak, cpu))
 }
 
+/// A row the baseline relay claimed.
+#[derive(sqlx::FromRow)]
+struct BaselineRow {
+    id: i64,
+    topic: String,
+    payload: String,
+    event_id: Uuid,
+}
+
 /// The seed article's relay, transcribed: claim 10 rows (one UPDATE each to `processing`), publish one
 /// at a time awaiting each PubAck, one UPDATE per mark-sent. Runs for `duration`; returns events/s.
 async fn drain_baseline(
@@ -465,7 +473,7 @@ async fn drain_baseline(
     let mut relayed = 0u64;
     while started.elapsed() < duration {
         let mut tx = pool.begin().await?;
-        let rows = sqlx::query(
+        let rows: Vec<BaselineRow> = sqlx::query_as(
             "SELECT id, topic, payload::text AS payload, event_id FROM baseline_outbox
              WHERE status IN ('pending', 'failed') AND next_run_at <= now()
              ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED",
@@ -477,27 +485,23 @@ async fn drain_baseline(
         }
         for row in &rows {
             sqlx::query("UPDATE baseline_outbox SET status = 'processing', attempts = attempts + 1, locked_by = 'baseline', locked_at = now() WHERE id = $1")
-                .bind(row.try_get::<i64, _>("id")?)
+                .bind(row.id)
                 .execute(&mut *tx)
                 .await?;
         }
         tx.commit().await?;
-        for row in &rows {
-            let id: i64 = row.try_get("id")?;
-            let event_id: Uuid = row.try_get("event_id")?;
-            let topic: String = row.try_get("topic")?;
-            let payload: String = row.try_get("payload")?;
+        for row in rows {
             let mut headers = HeaderMap::new();
-            headers.insert("Nats-Msg-Id", event_id.to_string().as_str());
+            headers.insert("Nats-Msg-Id", row.event_id.to_string().as_str());
             js.publish_with_headers(
-                format!("{PREFIX}.{topic}.baseline"),
+                format!("{PREFIX}.{}.baseline", row.topic),
                 headers,
-                payload.into(),
+                row.payload.into(),
             )
             .await?
             .await?;
             sqlx::query("UPDATE baseline_outbox SET status = 'sent', sent_at = now(), locked_by = NULL, locked_at = NULL WHERE id = $1")
-                .bind(id)
+                .bind(row.id)
                 .execute(pool)
                 .await?;
             relayed += 1;

@@ -350,7 +350,7 @@ async fn two_relays_with_injected_failures_keep_every_aggregate_in_version_order
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn a_row_that_can_never_publish_goes_dead_holds_its_aggregate_back_and_replays(pool: PgPool) {
-    let nats = ops::NatsServer::start_with_config("max_payload: 4096\n").expect("nats-server");
+    let nats = testkit::NatsServer::start_with_config("max_payload: 4096\n").expect("nats-server");
     let mut h = Harness::with_nats(pool, nats).await;
     // An order whose placed event is larger than the server accepts, then paid.
     let lines: Vec<String> = (0..120)
@@ -475,17 +475,15 @@ async fn a_new_row_is_picked_up_by_notification_not_by_polling(pool: PgPool) {
         h.pool.clone(),
         Duration::from_millis(5),
     ));
-    let started = std::time::Instant::now();
     testkit::place_order(&store, "alice", &["MUG:1:100"]).await;
-    wait_until(Duration::from_secs(10), "the row to be sent", || async {
-        testkit::outbox_counts(&h.pool).await.get("sent") == Some(&1)
-    })
+    // The relay's idle lane polls only every 60 s (30 s at the soonest after a failed step), so a row
+    // sent within 25 s was sent on the notification; how much sooner is the machine's business.
+    wait_until(
+        Duration::from_secs(25),
+        "the row to be sent on the notification (the poll interval is 60 s)",
+        || async { testkit::outbox_counts(&h.pool).await.get("sent") == Some(&1) },
+    )
     .await;
-    let latency = started.elapsed();
-    assert!(
-        latency < Duration::from_secs(5),
-        "picked up after {latency:?}; the poll interval is 60 s"
-    );
     stop_tx.send(true).expect("stop");
     run.await.expect("run");
 }

@@ -11,8 +11,9 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer::pull};
 use common::{Harness, PREFIX, STREAM};
 use futures::StreamExt;
-use ops::{NatsConnection, NatsServer};
+use ops::NatsConnection;
 use sqlx::PgPool;
+use testkit::NatsServer;
 
 use testkit::secure_nats::{INVENTORY_PASSWORD, RELAY_PASSWORD, SecureNats};
 

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use domain::{Currency, CustomerId, OrderCommand, OrderId, OrderLine, PlaceOrder};
-use ops::stats::{median, percentiles, resident_kib};
 use serde_json::json;
 use sqlx::PgPool;
 use store::{CommandContext, EventStore};
+use testkit::stats::{median, percentiles, resident_kib};
 use uuid::Uuid;
 
 #[derive(Debug, Parser)]
@@ -50,12 +50,11 @@ struct Sample {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://127.0.0.1:5432/waybill".into());
-    let url = store::with_database(&base, "waybill_bench_commands");
-    store::ensure_database(&url).await?;
+    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| ops::DEFAULT_DATABASE_URL.into());
+    let url = ops::database::with_database(&base, "waybill_bench_commands");
+    ops::database::ensure_database(&url).await?;
     let max_writers = args.writers.iter().copied().max().unwrap_or(1) as u32;
-    let pool = store::connect(&url, "waybill-bench", max_writers + 2).await?;
+    let pool = ops::database::connect(&url, "waybill-bench", max_writers + 2).await?;
     store::migrate(&pool).await?;
 
     let mut report = Vec::new();

@@ -8,10 +8,10 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use domain::{EventEnvelope, EventMeta, OrderEvent, OrderId};
-use ops::NatsServer;
 use projections::{Inventory, Points, Projection, Runner, RunnerConfig, Tally, inventory, points};
 use relay::StreamSettings;
 use sqlx::PgPool;
+use testkit::NatsServer;
 use uuid::Uuid;
 
 pub const STREAM: &str = "PROJ_EVENTS";

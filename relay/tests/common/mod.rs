@@ -2,15 +2,16 @@
 //! their role, fast retry settings, and waiting helpers.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream;
-use ops::NatsServer;
 use relay::{Backoff, Relay, RelayConfig, StreamSettings};
 use sqlx::PgPool;
 use store::EventStore;
-use testkit::StoredEvent;
+use testkit::{NatsServer, StoredEvent};
+
+// One poller for every test crate; re-exported so the test files keep importing it from here.
+pub use testkit::wait_until;
 
 pub const STREAM: &str = "TEST_EVENTS";
 pub const PREFIX: &str = "test.events";
@@ -95,22 +96,6 @@ impl Harness {
             .await
             .expect(sql)
     }
-}
-
-/// Polls `check` until it is true or `timeout` passes; panics with `what` on timeout.
-pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out after {timeout:?} waiting for {what}");
 }
 
 /// Inserts `aggregates` orders with `versions` (1 to 3: placed, paid, shipped) events each, written in

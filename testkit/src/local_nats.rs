@@ -7,13 +7,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use tempfile::TempDir;
 
 /// A running (or stopped, restartable) private nats-server. Killed and cleaned up on drop.
 #[derive(Debug)]
 pub struct NatsServer {
     binary: PathBuf,
     port: u16,
-    dir: PathBuf,
+    // Removed when the handle drops, after `Drop` has killed the server that writes into it.
+    dir: TempDir,
     extra_args: Vec<String>,
     config: Option<String>,
     child: Option<Child>,
@@ -31,7 +33,10 @@ impl NatsServer {
             "nats-server is not installed; install the Debian package `nats-server` (or put the binary on PATH)",
         )?;
         let port = free_port()?;
-        let dir = unique_temp_dir("waybill-nats", port)?;
+        let dir = tempfile::Builder::new()
+            .prefix("waybill-nats-")
+            .tempdir()
+            .context("creating the nats-server's directory")?;
         let mut server = Self {
             binary,
             port,
@@ -89,18 +94,18 @@ impl NatsServer {
         if self.child.is_some() {
             return Ok(());
         }
-        let log = self.dir.join("nats-server.log");
+        let log = self.dir.path().join("nats-server.log");
         let _ = std::fs::remove_file(&log);
         let mut command = Command::new(&self.binary);
         if let Some(config) = &self.config {
-            let file = self.dir.join("nats-server.conf");
+            let file = self.dir.path().join("nats-server.conf");
             std::fs::write(&file, config).with_context(|| format!("writing {}", file.display()))?;
             command.arg("-c").arg(file);
         }
         let child = command
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js"])
             .arg("-sd")
-            .arg(self.dir.join("jetstream"))
+            .arg(self.dir.path().join("jetstream"))
             .arg("-l")
             .arg(&log)
             .args(&self.extra_args)
@@ -117,7 +122,6 @@ impl NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -162,17 +166,6 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
-/// A new, empty directory under the system temp folder.
-pub fn unique_temp_dir(prefix: &str, salt: u16) -> anyhow::Result<PathBuf> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{salt}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +189,14 @@ mod tests {
         );
         server.resume().expect("resumes");
         assert!(TcpStream::connect(address).is_ok());
+    }
+
+    #[test]
+    fn a_dropped_server_leaves_no_directory_behind() {
+        let server = NatsServer::start().expect("nats-server starts");
+        let dir = server.dir.path().to_path_buf();
+        assert!(dir.join("jetstream").is_dir(), "JetStream stores in it");
+        drop(server);
+        assert!(!dir.exists(), "{} is left behind", dir.display());
     }
 }

@@ -1,4 +1,5 @@
-//! Small measurement helpers for the benchmark programs: medians, percentiles and resident memory.
+//! Small measurement helpers for the benchmark programs and the lab's load generator: medians,
+//! percentiles, resident memory and CPU time.
 
 /// The median of `values` (the upper one of an even count); NaN for none.
 pub fn median(mut values: Vec<f64>) -> f64 {

@@ -10,14 +10,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use rustix::process::{Pid, Signal, kill_process};
+use tempfile::TempDir;
 
-use crate::local_nats::{free_port, unique_temp_dir};
+use crate::local_nats::{find_binary, free_port};
 
 /// A running private PostgreSQL; the superuser is `postgres` with trust authentication on loopback.
 #[derive(Debug)]
 pub struct PostgresServer {
     port: u16,
-    dir: PathBuf,
+    // Removed when the handle drops, after `Drop` has stopped the server that writes into it.
+    dir: TempDir,
     bindir: PathBuf,
     durable: bool,
     child: Option<Child>,
@@ -41,18 +43,21 @@ impl PostgresServer {
              `postgresql` (or put its bin directory on PATH)",
         )?;
         let port = free_port()?;
-        let dir = unique_temp_dir("waybill-postgres", port)?;
-        let data = dir.join("data");
+        let dir = tempfile::Builder::new()
+            .prefix("waybill-postgres-")
+            .tempdir()
+            .context("creating the cluster's directory")?;
+        let data = dir.path().join("data");
         // initdb and postgres run as the `postgres` user when we are root: it must own the directory.
         if running_as_root() {
             let status = Command::new("chown")
                 .args(["-R", "postgres:postgres"])
-                .arg(&dir)
+                .arg(dir.path())
                 .status()?;
             anyhow::ensure!(
                 status.success(),
                 "cannot hand {} to the postgres user",
-                dir.display()
+                dir.path().display()
             );
         }
         let init = server_command(&bindir, "initdb")
@@ -84,9 +89,9 @@ impl PostgresServer {
             return Ok(());
         }
         // Each start logs to a fresh file: readiness is read from it.
-        let log_path = self.dir.join("postgres.log");
+        let log_path = self.dir.path().join("postgres.log");
         if log_path.exists() {
-            let _ = std::fs::rename(&log_path, self.dir.join("postgres.previous.log"));
+            let _ = std::fs::rename(&log_path, self.dir.path().join("postgres.previous.log"));
         }
         let log = std::fs::File::create(&log_path)?;
         if running_as_root() {
@@ -98,7 +103,7 @@ impl PostgresServer {
         let synchronous_commit = if self.durable { "on" } else { "off" };
         let child = server_command(&self.bindir, "postgres")
             .arg("-D")
-            .arg(self.dir.join("data"))
+            .arg(self.dir.path().join("data"))
             .args([
                 "-p",
                 &self.port.to_string(),
@@ -106,7 +111,7 @@ impl PostgresServer {
                 "listen_addresses=127.0.0.1",
             ])
             .arg("-k")
-            .arg(&self.dir)
+            .arg(self.dir.path())
             // A throwaway cluster: speed helps the demo and the tests.
             .args([
                 "-c",
@@ -142,17 +147,18 @@ impl PostgresServer {
 
     /// Where its data and logs are.
     pub fn directory(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     /// Sends `signal` to the postmaster (its pid is the first line of postmaster.pid: when it runs
     /// through `runuser`, our child is runuser, which does not pass signals on), waits up to `wait`
     /// for it to exit, then kills it.
     fn signal_postmaster(&self, signal: Signal, wait: Duration) {
-        let postmaster = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
-            .ok()
-            .and_then(|text| text.lines().next()?.trim().parse::<i32>().ok())
-            .and_then(Pid::from_raw);
+        let postmaster =
+            std::fs::read_to_string(self.dir.path().join("data").join("postmaster.pid"))
+                .ok()
+                .and_then(|text| text.lines().next()?.trim().parse::<i32>().ok())
+                .and_then(Pid::from_raw);
         if let Some(pid) = postmaster {
             let alive = || Path::new(&format!("/proc/{}", pid.as_raw_nonzero())).exists();
             let _ = kill_process(pid, signal);
@@ -186,7 +192,7 @@ impl PostgresServer {
                 bail!("postgres exited with {status}: {}", self.log_tail());
             }
             // The port opens before recovery finishes; the log says when connections are accepted.
-            let ready = std::fs::read_to_string(self.dir.join("postgres.log"))
+            let ready = std::fs::read_to_string(self.dir.path().join("postgres.log"))
                 .is_ok_and(|log| log.contains("ready to accept connections"));
             if ready && TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
                 return Ok(());
@@ -201,7 +207,7 @@ impl PostgresServer {
     }
 
     fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
+        let log = std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default();
         log.lines()
             .rev()
             .take(10)
@@ -221,7 +227,6 @@ impl Drop for PostgresServer {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -253,7 +258,7 @@ fn running_as_root() -> bool {
 /// (newest major version first).
 fn find_bindir() -> Option<PathBuf> {
     let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
-    if let Some(initdb) = crate::find_binary("initdb")
+    if let Some(initdb) = find_binary("initdb")
         && let Some(dir) = initdb.parent()
         && has_both(dir)
     {
@@ -305,6 +310,9 @@ mod tests {
         let server = PostgresServer::start().expect("postgres starts");
         assert!(reachable("127.0.0.1", server.port()));
         assert!(server.url("x").ends_with("/x"));
+        let dir = server.directory().to_path_buf();
+        drop(server);
+        assert!(!dir.exists(), "{} is left behind", dir.display());
     }
 
     #[test]

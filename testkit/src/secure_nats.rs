@@ -1,0 +1,137 @@
+//! A private nats-server with TLS (a throwaway CA made with the `openssl` command) and the project's
+//! shipped accounts (deploy/nats/accounts.conf), renamed to a test's stream and subject prefix.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tempfile::TempDir;
+
+use crate::NatsServer;
+
+/// The relay user's password in [`SecureNats`].
+pub const RELAY_PASSWORD: &str = "relay-Secret-1";
+/// The inventory user's password in [`SecureNats`].
+pub const INVENTORY_PASSWORD: &str = "inventory-Secret-2";
+
+/// The running server, its CA and its folder (removed on drop).
+#[derive(Debug)]
+pub struct SecureNats {
+    /// The server (TLS required; its `url()` says nats:// — use tls://).
+    pub server: NatsServer,
+    /// The CA file that signed the server's certificate.
+    pub ca: PathBuf,
+    // Declared after the server, so the server is stopped before its certificates are removed.
+    _dir: TempDir,
+}
+
+impl SecureNats {
+    /// Starts it for `stream` under `prefix`.
+    pub fn start(stream: &str, prefix: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("waybill-tls-")
+            .tempdir()
+            .expect("temp dir");
+        let (ca, cert, key) = certificates(dir.path());
+        let shipped = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/nats/accounts.conf"
+        ))
+        .expect("the shipped accounts.conf");
+        let accounts = shipped
+            .replace("WAYBILL_EVENTS", stream)
+            .replace("waybill.events", prefix)
+            .replace("$WAYBILL_RELAY_PASSWORD", &format!("\"{RELAY_PASSWORD}\""))
+            .replace(
+                "$WAYBILL_INVENTORY_PASSWORD",
+                &format!("\"{INVENTORY_PASSWORD}\""),
+            )
+            .replace("$WAYBILL_POINTS_PASSWORD", "\"points-pw\"")
+            .replace("$WAYBILL_SEARCH_PASSWORD", "\"search-pw\"")
+            .replace("$WAYBILL_ADMIN_PASSWORD", "\"admin-pw\"");
+        let config = format!(
+            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n{accounts}",
+            cert.display(),
+            key.display()
+        );
+        let server = NatsServer::start_with_config(&config).expect("secure nats-server");
+        Self {
+            server,
+            ca,
+            _dir: dir,
+        }
+    }
+
+    /// `tls://user:password@127.0.0.1:PORT`.
+    pub fn url_for(&self, user: &str, password: &str) -> String {
+        self.server
+            .url()
+            .replace("nats://", &format!("tls://{user}:{password}@"))
+    }
+}
+
+/// A self-signed CA and a server certificate for 127.0.0.1, made with the openssl command.
+fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl runs");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=waybill test CA",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server-key.pem",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("ext");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca-key.pem",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server-key.pem"),
+    )
+}
