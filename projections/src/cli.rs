@@ -13,9 +13,10 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::held::{self, HeldError};
+use crate::park::{self, ParkedError};
 use crate::projection::Projection;
 use crate::runner::{Runner, RunnerConfig, Tally};
-use crate::{held, park};
 
 /// The command line of a projection binary: connection flags, the commands every projection has, and
 /// the binary's own read commands `R`.
@@ -65,9 +66,11 @@ pub async fn main<P: Projection, R: Subcommand + std::fmt::Debug>(
             run_common(projection, &cli.connection, common, cli.json, read_routes).await
         }
         Command::Read(command) => {
-            match crate::schema::connect(&cli.connection.database_url, P::NAME, P::TABLES).await {
+            match crate::schema::connect(&cli.connection.shared.database.url, P::NAME, P::TABLES)
+                .await
+            {
                 Ok(pool) => read(command, pool, cli.json).await,
-                Err(error) => Err(error),
+                Err(error) => Err(error.into()),
             }
         }
     };
@@ -80,27 +83,9 @@ pub async fn main<P: Projection, R: Subcommand + std::fmt::Debug>(
 /// Where the projection keeps its state and where it reads events from.
 #[derive(Debug, Args)]
 pub struct Connection {
-    /// PostgreSQL URL of the database holding this projection's schema (it may be its own database).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://127.0.0.1:5432/waybill",
-        global = true,
-        hide_env_values = true
-    )]
-    pub database_url: String,
-
-    /// The NATS server, credentials and TLS.
+    /// The database holding this projection's schema, NATS, and the stream's names.
     #[command(flatten)]
-    pub nats: ops::NatsConnection,
-
-    /// JetStream stream the relay publishes into.
-    #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM, global = true)]
-    pub stream: String,
-
-    /// Subject prefix the relay publishes under.
-    #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX, global = true)]
-    pub subject_prefix: String,
+    pub shared: ops::StreamConnection,
 
     /// Messages applied per database transaction at most.
     #[arg(long, default_value_t = RunnerConfig::default().batch_size, global = true)]
@@ -195,14 +180,13 @@ pub struct Operator {
 }
 
 impl Operator {
-    fn name(&self) -> anyhow::Result<String> {
+    fn name(&self) -> Result<String, ops::Refused> {
         self.by
             .clone()
             .or_else(|| std::env::var("USER").ok())
             .filter(|name| !name.trim().is_empty())
             .ok_or_else(|| {
-                ops::Refused("say who is acting with --by (or WAYBILL_OPERATOR, or USER)".into())
-                    .into()
+                ops::Refused::new("say who is acting with --by (or WAYBILL_OPERATOR, or USER)")
             })
     }
 }
@@ -243,8 +227,8 @@ impl Connection {
     /// The runner settings these flags describe.
     pub fn runner_config(&self) -> RunnerConfig {
         RunnerConfig {
-            stream: self.stream.clone(),
-            subject_prefix: self.subject_prefix.clone(),
+            stream: self.shared.stream.clone(),
+            subject_prefix: self.shared.subject_prefix.clone(),
             batch_size: self.batch_size.max(1),
             ack_wait: self.ack_wait.into(),
             ..RunnerConfig::default()
@@ -275,8 +259,8 @@ pub async fn run_common<P: Projection>(
     let runner = Arc::new(
         Runner::connect(
             projection,
-            &connection.database_url,
-            connection.nats.clone(),
+            &connection.shared.database.url,
+            connection.shared.nats.clone(),
             config,
         )
         .await?,
@@ -428,11 +412,25 @@ pub async fn run_common<P: Projection>(
     Ok(())
 }
 
+/// Why `run --metrics-listen` could not serve metrics.
+#[derive(Debug, thiserror::Error)]
+enum TelemetryError {
+    #[error("installing the metrics recorder")]
+    Recorder(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("serving metrics on {listen}")]
+    Serve {
+        listen: SocketAddr,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
 async fn serve_telemetry<P: Projection>(
     runner: &Arc<Runner<P>>,
     listen: SocketAddr,
-) -> anyhow::Result<()> {
-    let metrics = ops::install_metrics_recorder()?;
+) -> Result<(), TelemetryError> {
+    let metrics = ops::install_metrics_recorder()
+        .map_err(|source| TelemetryError::Recorder(source.into()))?;
     crate::metrics::describe();
     let health_runner = runner.clone();
     let health: ops::HealthCheck = Arc::new(move || {
@@ -450,7 +448,10 @@ async fn serve_telemetry<P: Projection>(
     let router = ops::telemetry_routes(metrics, health);
     let bound = ops::serve(listen, router, ops::shutdown_signal())
         .await
-        .with_context(|| format!("serving metrics on {listen}"))?;
+        .map_err(|source| TelemetryError::Serve {
+            listen,
+            source: source.into(),
+        })?;
     tracing::info!(%bound, projection = P::NAME, "metrics at http://{bound}/metrics");
     Ok(())
 }
@@ -471,13 +472,22 @@ async fn refresh_gauges<P: Projection>(runner: Arc<Runner<P>>) {
     }
 }
 
+/// Why a summary could not be printed: what is held or parked could not be read.
+#[derive(Debug, thiserror::Error)]
+enum SummaryError {
+    #[error(transparent)]
+    Held(#[from] HeldError),
+    #[error(transparent)]
+    Parked(#[from] ParkedError),
+}
+
 /// What a run or rebuild did, and what it leaves held and parked (the first 20 of each).
 async fn print_summary<P: Projection>(
     runner: &Runner<P>,
     verb: &str,
     tally: &Tally,
     json_output: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), SummaryError> {
     let stats = held::stats(runner.pool()).await?;
     let held = held::list(runner.pool(), 20, None).await?;
     let parked_open = park::open_count(runner.pool()).await?;

@@ -6,16 +6,29 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 
+use crate::apply::ApplyError;
+use crate::consumer::BrokerError;
 use crate::decode::{Poison, RawMessage};
 use crate::metrics;
 use crate::park::{self, ParkRecord};
 use crate::plan::Verdict;
 use crate::projection::Projection;
 use crate::runner::{Runner, Tally};
+use crate::schema::SchemaError;
+
+/// Why consuming stopped. A failing database does not stop it: its messages stay on the broker.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The schema is not in the layout this code needs.
+    #[error(transparent)]
+    Layout(#[from] SchemaError),
+    /// The stream or the consumer is unavailable (with `--once`; otherwise the run retries).
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
 
 /// With `--once`: how long the database may keep failing (nothing settled) before the run gives up
 /// waiting for the unacknowledged messages.
@@ -29,7 +42,7 @@ impl<P: Projection> Runner<P> {
         shutdown: impl std::future::Future<Output = ()> + Send,
         once: bool,
         mut progress: impl FnMut(&Tally) + Send,
-    ) -> anyhow::Result<Tally> {
+    ) -> Result<Tally, RunError> {
         metrics::describe();
         crate::schema::check_layout(&self.pool, &self.schema).await?;
         tokio::pin!(shutdown);
@@ -41,7 +54,7 @@ impl<P: Projection> Runner<P> {
                 Ok(consumer) => consumer,
                 Err(error) if !once => {
                     tracing::warn!(
-                        error = format!("{error:#}"),
+                        error = %ops::error_chain(&error),
                         consumer = %self.consumer_name,
                         "consumer unavailable; retrying in 2 s"
                     );
@@ -50,14 +63,17 @@ impl<P: Projection> Runner<P> {
                         () = tokio::time::sleep(Duration::from_secs(2)) => continue 'connect,
                     }
                 }
-                Err(error) => return Err(error),
+                Err(error) => return Err(error.into()),
             };
             let mut messages = consumer
                 .stream()
                 .max_messages_per_batch(self.config.batch_size.max(1))
                 .messages()
                 .await
-                .context("opening the consumer's message stream")?;
+                .map_err(|source| BrokerError::Messages {
+                    consumer: self.consumer_name.clone(),
+                    source,
+                })?;
             loop {
                 let first = tokio::select! {
                     () = &mut shutdown => return Ok(tally),
@@ -66,7 +82,10 @@ impl<P: Projection> Runner<P> {
                 let first = match first {
                     Ok(Some(Ok(message))) => message,
                     Ok(Some(Err(error))) => {
-                        tracing::warn!(%error, "consumer stream error; reconnecting");
+                        tracing::warn!(
+                            error = %ops::error_chain(&error),
+                            "consumer stream error; reconnecting"
+                        );
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         continue 'connect;
                     }
@@ -101,7 +120,7 @@ impl<P: Projection> Runner<P> {
 
     /// With `--once`: true when the consumer has nothing left to deliver and nothing unacknowledged —
     /// or when the database has settled nothing for [`STUCK_AFTER`] (the messages stay on the broker).
-    async fn caught_up(&self, last_progress: Instant) -> anyhow::Result<bool> {
+    async fn caught_up(&self, last_progress: Instant) -> Result<bool, BrokerError> {
         let (pending, ack_pending) = self.lag().await?;
         if pending > 0 {
             return Ok(false);
@@ -130,7 +149,7 @@ impl<P: Projection> Runner<P> {
                 // the others go through and the culprit alone is parked.
                 tracing::warn!(
                     projection = P::NAME,
-                    error = format!("{error:#}"),
+                    error = %ops::error_chain(&error),
                     messages = batch.len(),
                     first_sequence = raw.first().map(|m| m.stream_sequence),
                     "applying a batch failed; applying its messages one by one"
@@ -156,7 +175,7 @@ impl<P: Projection> Runner<P> {
             };
             if let Err(error) = message.ack_with(kind).await {
                 // A lost ack means a redelivery, which the checkpoint absorbs.
-                tracing::debug!(%error, "ack failed");
+                tracing::debug!(error = %ops::error_chain(error.as_ref()), "ack failed");
             }
         }
         let mut tally = Tally::default();
@@ -179,12 +198,12 @@ impl<P: Projection> Runner<P> {
                     tracing::warn!(
                         projection = P::NAME,
                         stream_sequence = message.stream_sequence,
-                        error = format!("{error:#}"),
+                        error = %ops::error_chain(&error),
                         "the database is unreachable; leaving the message to the broker"
                     );
                     return None;
                 }
-                Err(error) => last_error = format!("{error:#}"),
+                Err(error) => last_error = ops::error_chain(&error),
             }
             if attempt == 0 {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -206,7 +225,7 @@ impl<P: Projection> Runner<P> {
                 tracing::error!(
                     projection = P::NAME,
                     stream_sequence = message.stream_sequence,
-                    error = format!("{error:#}"),
+                    error = %ops::error_chain(&error),
                     apply_error = %last_error,
                     "cannot park a message that keeps failing; the broker will redeliver it"
                 );
@@ -218,8 +237,12 @@ impl<P: Projection> Runner<P> {
 
 /// True when the database could not be reached at all (connection, pool, protocol), as opposed to a
 /// statement it refused: only the latter can be a message's fault.
-fn unreachable_database(error: &anyhow::Error) -> bool {
-    error.chain().any(|cause| {
+fn unreachable_database(error: &ApplyError) -> bool {
+    let mut causes =
+        std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |cause| {
+            cause.source()
+        });
+    causes.any(|cause| {
         matches!(
             cause.downcast_ref::<sqlx::Error>(),
             Some(
@@ -249,9 +272,17 @@ mod tests {
 
     #[test]
     fn only_an_unreachable_database_spares_the_message() {
-        let closed = anyhow::Error::from(sqlx::Error::PoolClosed).context("applying a batch");
+        let closed = ApplyError::Begin(sqlx::Error::PoolClosed);
         assert!(unreachable_database(&closed));
-        let refused = anyhow::Error::from(sqlx::Error::RowNotFound).context("applying a batch");
+        let parking = ApplyError::from(crate::park::ParkError::from(sqlx::Error::Io(
+            std::io::ErrorKind::ConnectionReset.into(),
+        )));
+        assert!(unreachable_database(&parking), "found below two layers");
+        let refused = ApplyError::Project {
+            projection: "test",
+            events: 1,
+            source: sqlx::Error::RowNotFound,
+        };
         assert!(!unreachable_database(&refused));
     }
 }

@@ -1,17 +1,135 @@
-//! The held table, seen from outside: which events wait, since when and for what (a version that never
-//! came, or one that is parked), how many and how old, and the operator's way out — `held release`,
-//! which skips the missing versions of one order deliberately and applies what waited behind them.
+//! The held table: events that arrived before their predecessor, put there and taken out again by
+//! the runner's transaction; and seen from outside — which events wait, since when and for what (a
+//! version that never came, or one that is parked), how many and how old, and the operator's way out,
+//! `held release`, which skips the missing versions of one order deliberately and applies what waited
+//! behind them.
 
-use anyhow::Context;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::park::record_action;
+use crate::apply::{ApplyError, OnPoison, decide_and_apply};
+use crate::decode::{Decoded, Poison, RawMessage};
+use crate::park::{self, ParkRecord, record_action};
 use crate::projection::Projection;
-use crate::runner::{OnPoison, Runner, decide_and_apply};
+use crate::runner::Runner;
+
+/// Why reading the held table or releasing an order failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HeldError {
+    #[error("listing held events")]
+    List(#[source] sqlx::Error),
+    #[error("measuring the held table")]
+    Stats(#[source] sqlx::Error),
+    /// The operator's release was refused; nothing changed (exit code 2).
+    #[error("releasing order {aggregate_id}")]
+    ReleaseRefused {
+        /// The order.
+        aggregate_id: Uuid,
+        #[source]
+        source: ops::Refused,
+    },
+    /// The release's reading or recording failed.
+    #[error("releasing order {aggregate_id}")]
+    Release {
+        /// The order.
+        aggregate_id: Uuid,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The events held behind the skipped versions could not be applied.
+    #[error("applying the events held for order {aggregate_id}")]
+    Apply {
+        /// The order.
+        aggregate_id: Uuid,
+        #[source]
+        source: ApplyError,
+    },
+}
+
+/// A held row taken out of the held table to be applied (or found stale).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct HeldRow {
+    pub(crate) aggregate_id: Uuid,
+    pub(crate) version: i64,
+    pub(crate) event_id: Uuid,
+    pub(crate) stream_sequence: Option<i64>,
+    pub(crate) subject: String,
+    pub(crate) headers: Vec<u8>,
+    pub(crate) body: Vec<u8>,
+}
+
+impl HeldRow {
+    /// The message as it was delivered.
+    pub(crate) fn message(&self) -> RawMessage {
+        RawMessage {
+            stream_sequence: self.stream_sequence.unwrap_or(0).max(0) as u64,
+            subject: self.subject.clone(),
+            headers: serde_json::from_slice(&self.headers)
+                .ok()
+                .and_then(|v| RawMessage::headers_from_json(&v)),
+            body: bytes::Bytes::from(self.body.clone()),
+        }
+    }
+
+    /// The row to park, refused for `reason`.
+    pub(crate) fn refused(&self, reason: &str) -> ParkRecord {
+        ParkRecord::new(
+            &self.message(),
+            Poison {
+                reason: reason.to_owned(),
+                event_id: Some(self.event_id),
+                aggregate_id: Some(self.aggregate_id),
+                aggregate_version: Some(self.version),
+            },
+        )
+    }
+}
+
+/// Takes out of the held table every row of each `(aggregate, up to version)` in `wanted`: the one
+/// now due and the stale ones below it.
+pub(crate) async fn take(
+    tx: &mut PgConnection,
+    wanted: &[(Uuid, i64)],
+) -> sqlx::Result<Vec<HeldRow>> {
+    sqlx::query_as(
+        "DELETE FROM held h USING UNNEST($1::uuid[], $2::int8[]) AS w(aggregate_id, upto)
+         WHERE h.aggregate_id = w.aggregate_id AND h.version <= w.upto
+         RETURNING h.aggregate_id, h.version, h.event_id, h.stream_sequence, h.subject, h.headers, h.body",
+    )
+    .bind(wanted.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+    .bind(wanted.iter().map(|(_, v)| *v).collect::<Vec<_>>())
+    .fetch_all(&mut *tx)
+    .await
+}
+
+/// Puts messages that wait for their predecessor in the held table; a version already held stays as
+/// it is.
+pub(crate) async fn hold(
+    tx: &mut PgConnection,
+    messages: &[(&RawMessage, &Decoded)],
+) -> sqlx::Result<()> {
+    if messages.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO held (aggregate_id, version, event_id, stream_sequence, subject, headers, body)
+         SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::int8[], $5::text[], $6::bytea[], $7::bytea[])
+         ON CONFLICT (aggregate_id, version) DO NOTHING",
+    )
+    .bind(messages.iter().map(|(_, d)| d.order_id.as_uuid()).collect::<Vec<_>>())
+    .bind(messages.iter().map(|(_, d)| d.aggregate_version).collect::<Vec<_>>())
+    .bind(messages.iter().map(|(_, d)| d.event_id).collect::<Vec<_>>())
+    .bind(messages.iter().map(|(m, _)| park::sequence(m)).collect::<Vec<_>>())
+    .bind(messages.iter().map(|(m, _)| park::storable(&m.subject)).collect::<Vec<_>>())
+    .bind(messages.iter().map(|(m, _)| park::headers_bytes(m)).collect::<Vec<_>>())
+    .bind(messages.iter().map(|(m, _)| m.body.to_vec()).collect::<Vec<_>>())
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
 
 /// One held event as listed.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -51,7 +169,7 @@ pub async fn list(
     pool: &PgPool,
     limit: i64,
     after: Option<(Uuid, i64)>,
-) -> anyhow::Result<Vec<Held>> {
+) -> Result<Vec<Held>, HeldError> {
     let rows: Vec<Held> = sqlx::query_as(
         "SELECT h.aggregate_id, h.version, h.event_id, h.held_at AS since,
                 coalesce(c.version, 0) + 1 AS waiting_for,
@@ -72,7 +190,7 @@ pub async fn list(
     .bind(after.map_or(0, |(_, v)| v))
     .fetch_all(pool)
     .await
-    .context("listing held events")?;
+    .map_err(HeldError::List)?;
     Ok(rows
         .into_iter()
         .map(|mut held| {
@@ -89,7 +207,7 @@ pub async fn list(
 }
 
 /// Count, orders and oldest age of the held events.
-pub async fn stats(pool: &PgPool) -> anyhow::Result<HeldStats> {
+pub async fn stats(pool: &PgPool) -> Result<HeldStats, HeldError> {
     sqlx::query_as(
         "SELECT count(*) AS count, count(DISTINCT aggregate_id) AS aggregates,
                 coalesce(extract(epoch FROM now() - min(held_at))::float8, 0) AS oldest_seconds
@@ -97,7 +215,7 @@ pub async fn stats(pool: &PgPool) -> anyhow::Result<HeldStats> {
     )
     .fetch_one(pool)
     .await
-    .context("measuring the held table")
+    .map_err(HeldError::Stats)
 }
 
 impl<P: Projection> Runner<P> {
@@ -109,27 +227,36 @@ impl<P: Projection> Runner<P> {
         aggregate_id: Uuid,
         actor: &str,
         reason: &str,
-    ) -> anyhow::Result<Value> {
+    ) -> Result<Value, HeldError> {
+        let refused = |message: &str| HeldError::ReleaseRefused {
+            aggregate_id,
+            source: ops::Refused::new(message),
+        };
+        let failed = |source| HeldError::Release {
+            aggregate_id,
+            source,
+        };
         if reason.trim().is_empty() {
-            return Err(ops::Refused("a release needs a --reason".into()).into());
+            return Err(refused("a release needs a --reason"));
         }
-        let mut tx = self.pool.begin().await?;
-        self.lock(&mut tx).await?;
+        let mut tx = self.pool.begin().await.map_err(failed)?;
+        self.lock(&mut tx).await.map_err(failed)?;
         let lowest: Option<i64> =
             sqlx::query_scalar("SELECT min(version) FROM held WHERE aggregate_id = $1")
                 .bind(aggregate_id)
                 .fetch_one(&mut *tx)
                 .await
-                .context("reading held events")?;
+                .map_err(failed)?;
         let Some(lowest) = lowest else {
-            return Err(ops::Refused(format!("nothing is held for order {aggregate_id}")).into());
+            return Err(refused("nothing is held for it"));
         };
         let checkpoint: i64 = sqlx::query_scalar(
             "SELECT coalesce(max(version), 0) FROM checkpoints WHERE aggregate_id = $1",
         )
         .bind(aggregate_id)
         .fetch_one(&mut *tx)
-        .await?;
+        .await
+        .map_err(failed)?;
         let skipped_to = (lowest - 1).max(checkpoint);
         decide_and_apply(
             &mut tx,
@@ -139,17 +266,23 @@ impl<P: Projection> Runner<P> {
             Some((aggregate_id, skipped_to)),
             OnPoison::Park,
         )
-        .await?;
+        .await
+        .map_err(|source| HeldError::Apply {
+            aggregate_id,
+            source,
+        })?;
         let version: i64 =
             sqlx::query_scalar("SELECT version FROM checkpoints WHERE aggregate_id = $1")
                 .bind(aggregate_id)
                 .fetch_one(&mut *tx)
-                .await?;
+                .await
+                .map_err(failed)?;
         let still_held: i64 =
             sqlx::query_scalar("SELECT count(*) FROM held WHERE aggregate_id = $1")
                 .bind(aggregate_id)
                 .fetch_one(&mut *tx)
-                .await?;
+                .await
+                .map_err(failed)?;
         let detail = json!({
             "skipped_versions": [checkpoint + 1, skipped_to],
             "applied_through": version,
@@ -163,8 +296,9 @@ impl<P: Projection> Runner<P> {
             reason,
             &detail,
         )
-        .await?;
-        tx.commit().await?;
+        .await
+        .map_err(failed)?;
+        tx.commit().await.map_err(failed)?;
         tracing::info!(projection = P::NAME, %aggregate_id, actor, reason, skipped_from = checkpoint + 1,
                        skipped_to, applied_through = version, still_held, "held order released");
         Ok(json!({

@@ -2,8 +2,6 @@
 //! checks that answer 400 before anything reaches PostgreSQL (which refuses NUL in text), pages of at
 //! most [`MAX_LIMIT`] items with a cursor, and a log line for every 5xx.
 
-use std::fmt::Display;
-
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -43,9 +41,10 @@ impl Problem {
         }
     }
 
-    /// 503: the projection's database failed; logged with the error, which the client does not see.
-    pub fn unavailable(what: &str, error: &dyn Display) -> Self {
-        tracing::error!(%error, what, "read API failed");
+    /// 503: the projection's database failed; logged with the error and its causes, which the client
+    /// does not see.
+    pub fn unavailable(what: &str, error: &dyn std::error::Error) -> Self {
+        tracing::error!(error = %ops::error_chain(error), what, "read API failed");
         Self {
             status: StatusCode::SERVICE_UNAVAILABLE,
             title: "Service unavailable",

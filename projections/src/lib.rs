@@ -2,8 +2,11 @@
 //! own schema and durable JetStream consumer, built on one shared consumer runner that applies every
 //! event exactly once in effect and in per-aggregate order.
 
+mod apply;
+pub mod checkpoint;
 pub mod cli;
 mod consume;
+mod consumer;
 pub mod decode;
 pub mod held;
 pub mod http;
@@ -18,10 +21,17 @@ pub mod runner;
 pub mod schema;
 pub mod search;
 
+pub use apply::ApplyError;
+pub use consume::RunError;
+pub use consumer::BrokerError;
 pub use decode::{Decoded, Poison, RawMessage};
+pub use held::HeldError;
 pub use inventory::Inventory;
+pub use park::{ParkError, ParkedError};
 pub use plan::Verdict;
 pub use points::Points;
 pub use projection::Projection;
-pub use runner::{FailPoint, Runner, RunnerConfig, Tally};
+pub use rebuild::RebuildError;
+pub use runner::{ConnectError, FailPoint, Runner, RunnerConfig, Tally};
+pub use schema::SchemaError;
 pub use search::Search;

@@ -3,21 +3,70 @@
 //! side: list, discard (recorded with who, when and why), and redrive with the reason each message
 //! failed again.
 
-use anyhow::Context;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::decode::{Poison, RawMessage};
+use crate::apply::{ApplyError, OnPoison, decide_and_apply};
+use crate::decode::{Decoded, Poison, RawMessage};
 use crate::plan::Verdict;
 use crate::projection::Projection;
-use crate::runner::{OnPoison, Runner, decide_and_apply};
+use crate::runner::Runner;
 
 /// Bodies are kept up to this size; beyond it, the first this-many bytes with the size and SHA-256
 /// (a 900 KB body parked whole by three projections was 2.7 MB of nothing useful).
 pub const BODY_KEPT: i64 = 64 * 1024;
+
+/// Parking a message failed: the transaction that tried fails with it, and the broker redelivers.
+#[derive(Debug, thiserror::Error)]
+#[error("parking a message")]
+pub struct ParkError(#[from] sqlx::Error);
+
+/// Why an operator's look at the parked messages, a discard or a redrive failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ParkedError {
+    #[error("listing parked messages")]
+    List(#[source] sqlx::Error),
+    #[error("counting parked messages")]
+    Count(#[source] sqlx::Error),
+    /// The operator's discard was refused; nothing changed (exit code 2).
+    #[error("discarding parked message {id}")]
+    DiscardRefused {
+        /// The parked message.
+        id: i64,
+        #[source]
+        source: ops::Refused,
+    },
+    /// The discard's update or recording failed.
+    #[error("discarding parked message {id}")]
+    Discard {
+        /// The parked message.
+        id: i64,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("reading parked messages")]
+    Read(#[source] sqlx::Error),
+    /// The redrive's own transaction failed around the message: starting it, taking the
+    /// projection's turn, or recording the outcome.
+    #[error("redriving parked message {id}")]
+    Redrive {
+        /// The parked message.
+        id: i64,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A redriven message could not be applied for a reason other than itself (the database).
+    #[error("re-applying parked message {id}")]
+    Reapply {
+        /// The parked message.
+        id: i64,
+        #[source]
+        source: ApplyError,
+    },
+}
 
 /// A message about to be parked.
 #[derive(Debug, Clone)]
@@ -32,15 +81,33 @@ pub(crate) struct ParkRecord {
 impl ParkRecord {
     pub(crate) fn new(message: &RawMessage, poison: Poison) -> Self {
         Self {
-            stream_sequence: i64::try_from(message.stream_sequence)
-                .ok()
-                .filter(|s| *s > 0),
+            stream_sequence: sequence(message),
             subject: storable(&message.subject),
             headers: headers_bytes(message),
             body: message.body.to_vec(),
             poison,
         }
     }
+}
+
+/// A decodable message the plan refused for `reason` (it contradicts its order).
+pub(crate) fn refused(message: &RawMessage, decoded: Option<&Decoded>, reason: &str) -> ParkRecord {
+    ParkRecord::new(
+        message,
+        Poison {
+            reason: reason.to_owned(),
+            event_id: decoded.map(|d| d.event_id),
+            aggregate_id: decoded.map(|d| d.order_id.as_uuid()),
+            aggregate_version: decoded.map(|d| d.aggregate_version),
+        },
+    )
+}
+
+/// The stream sequence as stored: `None` for a message that has none (0: not from the stream).
+pub(crate) fn sequence(message: &RawMessage) -> Option<i64> {
+    i64::try_from(message.stream_sequence)
+        .ok()
+        .filter(|s| *s > 0)
 }
 
 /// Text PostgreSQL can store: NUL (which `text` refuses) is written as the six characters `\u0000`.
@@ -59,7 +126,7 @@ pub(crate) fn headers_bytes(message: &RawMessage) -> Vec<u8> {
 
 /// Parks one message. The body is cut to [`BODY_KEPT`] bytes by PostgreSQL, which also measures and
 /// hashes the whole body.
-pub(crate) async fn park(conn: &mut PgConnection, record: &ParkRecord) -> anyhow::Result<()> {
+pub(crate) async fn park(conn: &mut PgConnection, record: &ParkRecord) -> Result<(), ParkError> {
     tracing::warn!(
         stream_sequence = record.stream_sequence,
         subject = %record.subject,
@@ -85,7 +152,7 @@ pub(crate) async fn park(conn: &mut PgConnection, record: &ParkRecord) -> anyhow
     .bind(BODY_KEPT as i32)
     .execute(&mut *conn)
     .await
-    .context("parking a message")?;
+    .map_err(ParkError)?;
     Ok(())
 }
 
@@ -140,7 +207,7 @@ pub async fn list(
     limit: i64,
     before: Option<i64>,
     all: bool,
-) -> anyhow::Result<Vec<Parked>> {
+) -> Result<Vec<Parked>, ParkedError> {
     sqlx::query_as(
         "SELECT id, stream_sequence, subject, reason, event_id, aggregate_id, aggregate_version, parked_at,
                 redriven_at, redrive_note, discarded_at, discarded_by, discard_reason, body_size,
@@ -155,7 +222,7 @@ pub async fn list(
     .bind(before)
     .fetch_all(pool)
     .await
-    .context("listing parked messages")
+    .map_err(ParkedError::List)
     .map(|rows: Vec<Parked>| {
         rows.into_iter()
             .map(|mut p| {
@@ -167,13 +234,13 @@ pub async fn list(
 }
 
 /// Counts of open parked messages.
-pub async fn open_count(pool: &PgPool) -> anyhow::Result<i64> {
+pub async fn open_count(pool: &PgPool) -> Result<i64, ParkedError> {
     sqlx::query_scalar(
         "SELECT count(*) FROM parked WHERE redriven_at IS NULL AND discarded_at IS NULL",
     )
     .fetch_one(pool)
     .await
-    .context("counting parked messages")
+    .map_err(ParkedError::Count)
 }
 
 /// Writes an operator's action to `operator_log`.
@@ -184,7 +251,7 @@ pub(crate) async fn record_action(
     target: &str,
     reason: &str,
     detail: &Value,
-) -> anyhow::Result<()> {
+) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO operator_log (actor, action, target, reason, detail) VALUES ($1, $2, $3, $4, $5)",
     )
@@ -194,8 +261,7 @@ pub(crate) async fn record_action(
     .bind(storable(reason))
     .bind(detail)
     .execute(&mut *tx)
-    .await
-    .context("recording the operator's action")?;
+    .await?;
     Ok(())
 }
 
@@ -221,20 +287,20 @@ struct ParkedMessage {
     body_size: i64,
 }
 
-/// An error that is the operator's input, not a failure (exit code 2).
-fn refused(message: String) -> anyhow::Error {
-    ops::Refused(message).into()
-}
-
 impl<P: Projection> Runner<P> {
     /// Marks a parked message as dealt with, on purpose: it will not be redriven. Recorded with who,
     /// when and why. Held events waiting behind it stay held: `held release` skips the version.
-    pub async fn discard(&self, id: i64, actor: &str, reason: &str) -> anyhow::Result<Value> {
+    pub async fn discard(&self, id: i64, actor: &str, reason: &str) -> Result<Value, ParkedError> {
+        let refused = |message: &str| ParkedError::DiscardRefused {
+            id,
+            source: ops::Refused::new(message),
+        };
+        let failed = |source| ParkedError::Discard { id, source };
         if reason.trim().is_empty() {
-            return Err(refused("a discard needs a --reason".into()));
+            return Err(refused("a discard needs a --reason"));
         }
-        let mut tx = self.pool.begin().await?;
-        self.lock(&mut tx).await?;
+        let mut tx = self.pool.begin().await.map_err(failed)?;
+        self.lock(&mut tx).await.map_err(failed)?;
         let row: Option<(Option<Uuid>, Option<i64>)> = sqlx::query_as(
             "UPDATE parked SET discarded_at = now(), discarded_by = $2, discard_reason = $3
              WHERE id = $1 AND discarded_at IS NULL AND redriven_at IS NULL
@@ -245,18 +311,19 @@ impl<P: Projection> Runner<P> {
         .bind(storable(reason))
         .fetch_optional(&mut *tx)
         .await
-        .context("discarding a parked message")?;
+        .map_err(failed)?;
         let Some((aggregate_id, aggregate_version)) = row else {
-            return Err(refused(format!(
-                "parked message {id} does not exist, or was already redriven or discarded"
-            )));
+            return Err(refused(
+                "it does not exist, or was already redriven or discarded",
+            ));
         };
         let held_behind: i64 = match aggregate_id {
             Some(aggregate) => {
                 sqlx::query_scalar("SELECT count(*) FROM held WHERE aggregate_id = $1")
                     .bind(aggregate)
                     .fetch_one(&mut *tx)
-                    .await?
+                    .await
+                    .map_err(failed)?
             }
             None => 0,
         };
@@ -270,8 +337,9 @@ impl<P: Projection> Runner<P> {
             reason,
             &detail,
         )
-        .await?;
-        tx.commit().await?;
+        .await
+        .map_err(failed)?;
+        tx.commit().await.map_err(failed)?;
         tracing::info!(
             projection = P::NAME,
             id,
@@ -289,18 +357,20 @@ impl<P: Projection> Runner<P> {
     /// delivery with the trust checks, in its own transaction; returns what happened to each and why
     /// the ones still parked failed again. A message whose predecessor is still missing moves to the
     /// held table.
-    pub async fn redrive(&self) -> anyhow::Result<Vec<Redriven>> {
+    pub async fn redrive(&self) -> Result<Vec<Redriven>, ParkedError> {
         let parked: Vec<ParkedMessage> = sqlx::query_as(
             "SELECT id, stream_sequence, subject, headers, body, body_size FROM parked
              WHERE redriven_at IS NULL AND discarded_at IS NULL ORDER BY id",
         )
         .fetch_all(&self.pool)
         .await
-        .context("reading parked messages")?;
+        .map_err(ParkedError::Read)?;
         let mut report = Vec::with_capacity(parked.len());
         for row in parked {
-            let mut tx = self.pool.begin().await?;
-            self.lock(&mut tx).await?;
+            let id = row.id;
+            let failed = |source| ParkedError::Redrive { id, source };
+            let mut tx = self.pool.begin().await.map_err(failed)?;
+            self.lock(&mut tx).await.map_err(failed)?;
             let (outcome, reason) = if row.body_size > row.body.len() as i64 {
                 (
                     Verdict::Parked,
@@ -326,7 +396,8 @@ impl<P: Projection> Runner<P> {
                     None,
                     OnPoison::Report,
                 )
-                .await?
+                .await
+                .map_err(|source| ParkedError::Reapply { id, source })?
                 .remove(0)
             };
             let note = match (outcome, &reason) {
@@ -342,8 +413,9 @@ impl<P: Projection> Runner<P> {
             .bind(storable(&note))
             .bind(resolved)
             .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
+            .await
+            .map_err(failed)?;
+            tx.commit().await.map_err(failed)?;
             tracing::info!(projection = P::NAME, id = row.id, ?outcome, note = %note, "redrove a parked message");
             report.push(Redriven {
                 id: row.id,

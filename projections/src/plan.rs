@@ -1,15 +1,18 @@
-//! The checkpoint verdict, pure: given each aggregate's checkpoint and the events on offer (from the
-//! batch just delivered and from the held table), decide which are applied, in which order, which are
-//! duplicates, which are held for a missing predecessor, and which contradict what the projection
-//! already knows of their order. No I/O: the runner feeds it and carries out the outcome.
+//! A batch's plan, pure: the checkpoint verdict ([`crate::checkpoint::decide`]) run over every event
+//! on offer (from the batch just delivered and from the held table), in version order per aggregate —
+//! which are applied and in which order, which are duplicates, which are held for a missing
+//! predecessor, and which are refused. No I/O: the runner feeds it and carries out the outcome.
 //!
 //! Held events are looked up by the runner only for aggregates whose checkpoint moved: [`Plan::wanted`]
 //! names them, [`Plan::offer_held`] takes what the held table had, until nothing more moves.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 use uuid::Uuid;
+
+use crate::checkpoint::{Checkpoint, Decision, Facts, decide};
 
 /// The deliberately broken build (see Cargo.toml) needs the feature and `WAYBILL_BROKEN_BUILD` set at
 /// compile time, so that `--all-features` alone never builds it.
@@ -32,15 +35,6 @@ pub enum Verdict {
     Parked,
 }
 
-/// An aggregate's checkpoint and the facts about it that later events are checked against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Checkpoint {
-    /// The last applied version (0: nothing yet).
-    pub version: i64,
-    /// The order's total, from its `order.placed` (`None` if unknown).
-    pub total_cents: Option<i64>,
-}
-
 /// Where an event on offer came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Slot {
@@ -61,23 +55,6 @@ pub struct Offer {
     pub version: i64,
     /// The facts checked against the aggregate's checkpoint.
     pub facts: Facts,
-}
-
-/// The facts of an event that its order's earlier events constrain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Facts {
-    /// `order.placed`: sets the order's total.
-    Placed {
-        /// Its total.
-        total_cents: i64,
-    },
-    /// `order.paid`: pays exactly the total, always.
-    Paid {
-        /// The amount.
-        amount_cents: i64,
-    },
-    /// Nothing to check.
-    Other,
 }
 
 /// The decisions, for the runner to carry out in one transaction.
@@ -185,41 +162,34 @@ impl Plan {
 
     fn consider(&mut self, offer: Offer) {
         let current = self.checkpoint(offer.aggregate_id);
-        if offer.version <= current.version && BROKEN_CHECKPOINT {
-            // The deliberately broken build (see Cargo.toml): a redelivery is applied again.
-            self.outcome.apply.push(offer.slot);
-            self.verdict(offer.slot, Verdict::Applied);
-        } else if offer.version <= current.version {
-            self.verdict(offer.slot, Verdict::Duplicate);
-        } else if offer.version > current.version + 1 {
-            match self.waiting.entry((offer.aggregate_id, offer.version)) {
+        match decide(&current, offer.version, &offer.facts) {
+            Decision::Duplicate if BROKEN_CHECKPOINT => {
+                // The deliberately broken build (see Cargo.toml): a redelivery is applied again.
+                self.outcome.apply.push(offer.slot);
+                self.verdict(offer.slot, Verdict::Applied);
+            }
+            Decision::Duplicate => self.verdict(offer.slot, Verdict::Duplicate),
+            Decision::Hold => match self.waiting.entry((offer.aggregate_id, offer.version)) {
                 // A second copy of a version already waiting: the first one stays.
-                std::collections::btree_map::Entry::Occupied(_) => {
-                    self.verdict(offer.slot, Verdict::Duplicate)
-                }
-                std::collections::btree_map::Entry::Vacant(slot) => {
+                Entry::Occupied(_) => self.verdict(offer.slot, Verdict::Duplicate),
+                Entry::Vacant(slot) => {
                     slot.insert(offer);
                 }
+            },
+            Decision::Refuse(reason) => {
+                self.outcome.refuse.push((offer.slot, reason));
+                self.verdict(offer.slot, Verdict::Parked);
             }
-        } else {
-            self.next(offer, current);
+            Decision::Apply => self.apply(offer, current),
         }
     }
 
-    /// `offer` is exactly the next version: apply it (unless it contradicts its order), then whatever
-    /// waits right behind it.
-    fn next(&mut self, offer: Offer, mut current: Checkpoint) {
-        if let Some(reason) = contradiction(&offer.facts, &current) {
-            self.outcome.refuse.push((offer.slot, reason));
-            self.verdict(offer.slot, Verdict::Parked);
-            return;
-        }
-        current.version = offer.version;
-        if let Facts::Placed { total_cents } = offer.facts {
-            current.total_cents = Some(total_cents);
-        }
-        self.checkpoints.insert(offer.aggregate_id, current);
-        self.outcome.checkpoints.insert(offer.aggregate_id, current);
+    /// `offer` is exactly the next version and consistent with its order: apply it, then consider
+    /// whatever waits right behind it.
+    fn apply(&mut self, offer: Offer, current: Checkpoint) {
+        let moved = current.after(offer.version, &offer.facts);
+        self.checkpoints.insert(offer.aggregate_id, moved);
+        self.outcome.checkpoints.insert(offer.aggregate_id, moved);
         self.outcome.apply.push(offer.slot);
         self.verdict(offer.slot, Verdict::Applied);
         self.moved.push(offer.aggregate_id);
@@ -227,18 +197,8 @@ impl Plan {
             .waiting
             .remove(&(offer.aggregate_id, offer.version + 1))
         {
-            self.next(behind, current);
+            self.consider(behind);
         }
-    }
-}
-
-/// Why an event cannot follow what is known of its order, if it cannot.
-fn contradiction(facts: &Facts, checkpoint: &Checkpoint) -> Option<String> {
-    match (facts, checkpoint.total_cents) {
-        (Facts::Paid { amount_cents }, Some(total)) if *amount_cents != total => Some(format!(
-            "order.paid of {amount_cents} cents for an order whose total is {total} cents"
-        )),
-        _ => None,
     }
 }
 

@@ -4,23 +4,78 @@
 //! continue right after the last message the rebuild consumed. A rebuild that fails or is stopped
 //! leaves the old state and consumer untouched; the next rebuild starts afresh.
 
-use anyhow::Context;
-use async_nats::jetstream::consumer::{DeliverPolicy, PullConsumer};
 use std::sync::Arc;
 
+use async_nats::jetstream::consumer::DeliverPolicy;
+use async_nats::jetstream::stream::ConsumerError;
+
+use crate::consume::RunError;
+use crate::consumer::BrokerError;
 use crate::projection::Projection;
-use crate::runner::{Runner, Tally, is_not_found};
-use crate::schema;
+use crate::runner::{Runner, Tally};
+use crate::schema::{self, SchemaError};
+
+/// Why a rebuild or a reset failed. A failed rebuild leaves the old state and consumer in place (but
+/// see [`RebuildError::CommitSwap`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RebuildError {
+    /// A schema could not be dropped, created or swapped.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// The stream or a consumer was unavailable.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// No connection to drop what an earlier rebuild left.
+    #[error("clearing the leftovers of an earlier rebuild")]
+    Leftovers(#[source] sqlx::Error),
+    /// Consuming the stream into the new state failed.
+    #[error("building the new state in schema {schema}")]
+    Build {
+        /// The new state's schema.
+        schema: String,
+        #[source]
+        source: RunError,
+    },
+    /// The swap's transaction could not start or take the projection's turn.
+    #[error("swapping the rebuilt state in")]
+    Swap(#[source] sqlx::Error),
+    /// The live consumer could not be recreated behind the rebuilt state.
+    #[error(
+        "recreating consumer {consumer} from stream sequence {start_sequence}; the old state stays \
+         (rerun `rebuild`)"
+    )]
+    RecreateConsumer {
+        /// The live consumer.
+        consumer: String,
+        /// Where it was to start.
+        start_sequence: u64,
+        #[source]
+        source: ConsumerError,
+    },
+    /// The swap did not commit after the live consumer had moved: events in between are missing
+    /// from the old state until the next rebuild.
+    #[error("committing the swap; run `rebuild` again")]
+    CommitSwap(#[source] sqlx::Error),
+    /// The fail point stopped the rebuild before the swap.
+    #[cfg(feature = "fault-injection")]
+    #[error("fail point: the rebuild stops before the swap")]
+    FailPoint,
+    #[error("resetting the projection's state")]
+    Reset(#[source] sqlx::Error),
+}
 
 impl<P: Projection> Runner<P> {
     /// Builds the projection's state anew beside the old one and swaps it in when caught up.
-    pub async fn rebuild(&self, progress: impl FnMut(&Tally) + Send) -> anyhow::Result<Tally> {
+    pub async fn rebuild(
+        &self,
+        progress: impl FnMut(&Tally) + Send,
+    ) -> Result<Tally, RebuildError> {
         let next_schema = format!("{}_next", P::NAME);
         let next_consumer = format!("{}_rebuild", P::NAME);
         // Leftovers of a rebuild that failed or was stopped: start afresh.
         self.delete_consumer(&next_consumer).await?;
         {
-            let mut conn = self.pool.acquire().await?;
+            let mut conn = self.pool.acquire().await.map_err(RebuildError::Leftovers)?;
             schema::drop(&mut conn, &next_schema).await?;
         }
         let builder = Runner {
@@ -40,28 +95,34 @@ impl<P: Projection> Runner<P> {
             consumer = %next_consumer,
             "rebuilding beside the live state"
         );
-        let tally = builder.run(std::future::pending(), true, progress).await?;
-        let mut consumer: PullConsumer = self
-            .jetstream
-            .get_stream(&self.config.stream)
-            .await?
-            .get_consumer(&next_consumer)
+        let tally = builder
+            .run(std::future::pending(), true, progress)
             .await
-            .map_err(|e| anyhow::anyhow!("consumer {next_consumer}: {e}"))?;
-        let info = consumer.info().await?;
+            .map_err(|source| RebuildError::Build {
+                schema: next_schema.clone(),
+                source,
+            })?;
+        let mut consumer = self.existing_consumer(&next_consumer).await?;
+        let info = consumer
+            .info()
+            .await
+            .map_err(|source| BrokerError::ConsumerInfo {
+                consumer: next_consumer.clone(),
+                source,
+            })?;
         // Everything up to the ack floor is in the new state; the live consumer continues after it.
         let consumed_through = info.ack_floor.stream_sequence;
         builder.pool.close().await;
         #[cfg(feature = "fault-injection")]
         if self.config.fail_point == crate::runner::FailPoint::FailBeforeSwap {
-            anyhow::bail!("fail point: the rebuild stops before the swap");
+            return Err(RebuildError::FailPoint);
         }
 
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.map_err(RebuildError::Swap)?;
         // Live batches wait for the swap; one already under way finishes on the old state first.
-        self.lock(&mut tx).await?;
+        self.lock(&mut tx).await.map_err(RebuildError::Swap)?;
         schema::replace(&mut tx, &next_schema, P::NAME).await?;
-        let stream = self.jetstream.get_stream(&self.config.stream).await?;
+        let stream = self.stream().await?;
         let config = self.consumer_config(DeliverPolicy::ByStartSequence {
             start_sequence: consumed_through + 1,
         });
@@ -74,22 +135,31 @@ impl<P: Projection> Runner<P> {
             match stream.create_consumer(config.clone()).await {
                 Ok(_) => break,
                 Err(error) if attempt < 3 => {
-                    tracing::warn!(%error, attempt, consumer = %self.consumer_name, "recreating the live consumer failed; retrying");
+                    tracing::warn!(
+                        error = %ops::error_chain(&error),
+                        attempt,
+                        consumer = %self.consumer_name,
+                        "recreating the live consumer failed; retrying"
+                    );
                 }
-                Err(error) => {
-                    return Err(anyhow::Error::new(error).context(format!(
-                        "recreating consumer {} from stream sequence {}; the old state stays (rerun `rebuild`)",
-                        self.consumer_name,
-                        consumed_through + 1
-                    )));
+                Err(source) => {
+                    return Err(RebuildError::RecreateConsumer {
+                        consumer: self.consumer_name.clone(),
+                        start_sequence: consumed_through + 1,
+                        source,
+                    });
                 }
             }
         }
         if let Err(error) = tx.commit().await {
             // The consumer now starts after the rebuild, but the old state stayed: events in between
             // would be missing. Say so loudly; a second rebuild repairs it.
-            tracing::error!(%error, projection = P::NAME, "the swap did not commit after the consumer moved; run `rebuild` again");
-            return Err(error).context("committing the swap");
+            tracing::error!(
+                error = %ops::error_chain(&error),
+                projection = P::NAME,
+                "the swap did not commit after the consumer moved; run `rebuild` again"
+            );
+            return Err(RebuildError::CommitSwap(error));
         }
         self.delete_consumer(&next_consumer).await?;
         tracing::info!(
@@ -104,26 +174,14 @@ impl<P: Projection> Runner<P> {
     /// Wipes the projection's state (its schema recreated empty) and deletes its consumer, so the next
     /// run starts from the beginning of the stream. Readers see an empty model meanwhile: `rebuild`
     /// is the way for a live projection; this is for benchmarks and tests.
-    pub async fn reset(&self) -> anyhow::Result<()> {
-        let mut tx = self.pool.begin().await?;
-        self.lock(&mut tx).await?;
+    pub async fn reset(&self) -> Result<(), RebuildError> {
+        let mut tx = self.pool.begin().await.map_err(RebuildError::Reset)?;
+        self.lock(&mut tx).await.map_err(RebuildError::Reset)?;
         // The consumer goes first: if the wipe then fails, the state is replayed onto itself (the
         // checkpoints absorb it); the other way round, an empty state would resume mid-stream.
         self.delete_consumer(&self.consumer_name).await?;
         schema::reset(&mut tx, &self.schema, P::TABLES).await?;
-        tx.commit().await?;
+        tx.commit().await.map_err(RebuildError::Reset)?;
         Ok(())
-    }
-
-    async fn delete_consumer(&self, name: &str) -> anyhow::Result<()> {
-        let stream = self.jetstream.get_stream(&self.config.stream).await?;
-        match stream.delete_consumer(name).await {
-            Ok(_) => {
-                tracing::info!(consumer = name, "deleted consumer");
-                Ok(())
-            }
-            Err(error) if is_not_found(&error) => Ok(()),
-            Err(error) => Err(anyhow::anyhow!("deleting consumer {name}: {error}")),
-        }
     }
 }

@@ -2,8 +2,63 @@
 //! bookkeeping tables, and the projection's tables. All are created on start and rebuilt by `rebuild`:
 //! a projection's state can always be recomputed from the stream, so it has no migration history.
 
-use anyhow::Context;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
+
+/// Why a projection's schema could not be opened, checked, created, dropped or swapped.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    /// A schema name that is not ours (they are spliced into DDL).
+    #[error("invalid projection schema name {schema:?}")]
+    InvalidName { schema: String },
+    #[error("creating or opening the database for the {schema} projection")]
+    OpenDatabase {
+        /// The projection's schema.
+        schema: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("connecting the {schema} projection to PostgreSQL")]
+    Connect {
+        /// The projection's schema.
+        schema: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("creating the {schema} projection's tables")]
+    Create {
+        /// The projection's schema.
+        schema: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("reading the layout of schema {schema}")]
+    ReadLayout {
+        schema: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error(
+        "schema {schema} was laid out by an older waybill (no held table, or parked headers as jsonb); \
+         run `rebuild`, which builds the state beside it and then replaces it"
+    )]
+    OlderLayout { schema: String },
+    #[error("dropping schema {schema}")]
+    Drop {
+        schema: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A rebuilt schema could not take the old one's name.
+    #[error("renaming schema {from} to {to}")]
+    Rename {
+        /// The rebuilt schema.
+        from: String,
+        /// The name it was to take.
+        to: String,
+        #[source]
+        source: sqlx::Error,
+    },
+}
 
 /// The runner's tables, the same in every projection's schema:
 /// - `checkpoints`: per aggregate, the last applied version (moved in the same transaction as the
@@ -70,11 +125,18 @@ const RUNNER_TABLES: &str = "
 
 /// Creates the schema and tables if missing and returns a pool whose connections find them first
 /// (`search_path` = the schema), so projection SQL stays unqualified.
-pub async fn connect(database_url: &str, schema: &str, tables: &str) -> anyhow::Result<PgPool> {
+pub async fn connect(
+    database_url: &str,
+    schema: &str,
+    tables: &str,
+) -> Result<PgPool, SchemaError> {
     check_name(schema)?;
     ops::database::ensure_database(database_url)
         .await
-        .with_context(|| format!("creating or opening the database for the {schema} projection"))?;
+        .map_err(|source| SchemaError::OpenDatabase {
+            schema: schema.to_owned(),
+            source,
+        })?;
     let pool = ops::database::connect_with(
         database_url,
         &format!("waybill-{schema}"),
@@ -88,9 +150,13 @@ pub async fn connect(database_url: &str, schema: &str, tables: &str) -> anyhow::
             ("plan_cache_mode", "force_custom_plan".to_owned()),
         ],
     )
-    .await
-    .with_context(|| format!("connecting the {schema} projection to PostgreSQL"))?;
-    let mut conn = pool.acquire().await?;
+    .await;
+    let connected = |source| SchemaError::Connect {
+        schema: schema.to_owned(),
+        source,
+    };
+    let pool = pool.map_err(connected)?;
+    let mut conn = pool.acquire().await.map_err(connected)?;
     create(&mut conn, schema, tables).await?;
     Ok(pool)
 }
@@ -98,7 +164,7 @@ pub async fn connect(database_url: &str, schema: &str, tables: &str) -> anyhow::
 /// Refuses a schema whose runner tables an older waybill laid out (before the held table, when
 /// `parked.headers` was `jsonb`): `CREATE TABLE IF NOT EXISTS` leaves such tables as they are, and
 /// parking into them would fail. `rebuild` replaces the schema with one in the current layout.
-pub async fn check_layout(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
+pub async fn check_layout(pool: &PgPool, schema: &str) -> Result<(), SchemaError> {
     let columns: Vec<(String, String, String)> = sqlx::query_as(
         "SELECT table_name::text, column_name::text, data_type::text FROM information_schema.columns
          WHERE table_schema = $1 AND (table_name, column_name) IN
@@ -108,41 +174,47 @@ pub async fn check_layout(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
     .bind(schema)
     .fetch_all(pool)
     .await
-    .with_context(|| format!("reading the layout of schema {schema}"))?;
+    .map_err(|source| SchemaError::ReadLayout {
+        schema: schema.to_owned(),
+        source,
+    })?;
     let current = columns.len() == 4
         && columns
             .iter()
             .any(|(t, c, ty)| t == "parked" && c == "headers" && ty == "bytea");
-    anyhow::ensure!(
-        current,
-        "schema {schema} was laid out by an older waybill (no held table, or parked headers as jsonb); \
-         run `rebuild`, which builds the state beside it and then replaces it"
-    );
+    if !current {
+        return Err(SchemaError::OlderLayout {
+            schema: schema.to_owned(),
+        });
+    }
     Ok(())
 }
 
 /// Drops and recreates the schema with empty tables (inside the caller's transaction).
-pub async fn reset(tx: &mut PgConnection, schema: &str, tables: &str) -> anyhow::Result<()> {
+pub async fn reset(tx: &mut PgConnection, schema: &str, tables: &str) -> Result<(), SchemaError> {
     drop(tx, schema).await?;
     create(tx, schema, tables).await
 }
 
 /// Drops the schema and everything in it, if it exists.
-pub async fn drop(conn: &mut PgConnection, schema: &str) -> anyhow::Result<()> {
+pub async fn drop(conn: &mut PgConnection, schema: &str) -> Result<(), SchemaError> {
     check_name(schema)?;
     sqlx::raw_sql(AssertSqlSafe(format!(
         "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
     )))
     .execute(&mut *conn)
     .await
-    .with_context(|| format!("dropping schema {schema}"))?;
+    .map_err(|source| SchemaError::Drop {
+        schema: schema.to_owned(),
+        source,
+    })?;
     Ok(())
 }
 
 /// Puts schema `from` in the place of `to` (inside the caller's transaction): readers that name `to`
 /// see `from`'s tables from the commit on. Connections resolve unqualified names through
 /// `search_path` by schema name, so the live pools follow without reconnecting.
-pub async fn replace(tx: &mut PgConnection, from: &str, to: &str) -> anyhow::Result<()> {
+pub async fn replace(tx: &mut PgConnection, from: &str, to: &str) -> Result<(), SchemaError> {
     check_name(from)?;
     drop(tx, to).await?;
     sqlx::raw_sql(AssertSqlSafe(format!(
@@ -150,11 +222,15 @@ pub async fn replace(tx: &mut PgConnection, from: &str, to: &str) -> anyhow::Res
     )))
     .execute(&mut *tx)
     .await
-    .with_context(|| format!("renaming schema {from} to {to}"))?;
+    .map_err(|source| SchemaError::Rename {
+        from: from.to_owned(),
+        to: to.to_owned(),
+        source,
+    })?;
     Ok(())
 }
 
-async fn create(conn: &mut PgConnection, schema: &str, tables: &str) -> anyhow::Result<()> {
+async fn create(conn: &mut PgConnection, schema: &str, tables: &str) -> Result<(), SchemaError> {
     // One implicit transaction (several statements in one simple query): the lock serializes two
     // instances starting together, and SET LOCAL scopes the search path to this DDL.
     sqlx::raw_sql(AssertSqlSafe(format!(
@@ -165,15 +241,19 @@ async fn create(conn: &mut PgConnection, schema: &str, tables: &str) -> anyhow::
     )))
     .execute(&mut *conn)
     .await
-    .with_context(|| format!("creating the {schema} projection's tables"))?;
+    .map_err(|source| SchemaError::Create {
+        schema: schema.to_owned(),
+        source,
+    })?;
     Ok(())
 }
 
 /// Schema names are ours (`inventory`, `points`, `search`), but they are spliced into DDL: check them.
-fn check_name(schema: &str) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !schema.is_empty() && schema.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
-        "invalid projection schema name {schema:?}"
-    );
+fn check_name(schema: &str) -> Result<(), SchemaError> {
+    if schema.is_empty() || !schema.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+        return Err(SchemaError::InvalidName {
+            schema: schema.to_owned(),
+        });
+    }
     Ok(())
 }

@@ -31,7 +31,7 @@ async fn main() -> ExitCode {
     projections::cli::main(Search, ABOUT, search::routes, async |read, pool, json| {
         let Read::Query { text, limit } = read;
         if text.trim().is_empty() {
-            return Err(ops::Refused("the query text is empty".into()).into());
+            return Err(ops::Refused::new("the query text is empty").into());
         }
         let found = search::query(&pool, &text, limit.clamp(1, 500), 0).await?;
         if json {
