@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream;
+use relay::admin::{OutboxRow, RowStatus};
 use relay::{FailPoint, Relay, RelayConfig, StreamSettings};
 use store::{CommandContext, EventStore};
 
@@ -21,13 +22,13 @@ const PREFIX: &str = "crashwindow.events";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let server_url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://127.0.0.1:5432/waybill".to_owned());
-    let database_url = store::with_database(&server_url, "waybill_example_crash_window");
+    let server_url =
+        std::env::var("DATABASE_URL").unwrap_or_else(|_| ops::DEFAULT_DATABASE_URL.to_owned());
+    let database_url = ops::database::with_database(&server_url, "waybill_example_crash_window");
     let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
 
-    let admin = store::connect(
-        &store::with_database(&server_url, "postgres"),
+    let admin = ops::database::connect(
+        &ops::database::with_database(&server_url, "postgres"),
         "crash-window-example",
         1,
     )
@@ -36,10 +37,10 @@ async fn main() -> anyhow::Result<()> {
         .execute(&admin)
         .await?;
     admin.close().await;
-    store::ensure_database(&database_url)
+    ops::database::ensure_database(&database_url)
         .await
         .context("creating the database")?;
-    let pool = store::connect(&database_url, "crash-window-example", 4).await?;
+    let pool = ops::database::connect(&database_url, "crash-window-example", 4).await?;
     store::migrate(&pool).await?;
     let nats = async_nats::connect(&nats_url)
         .await
@@ -54,10 +55,7 @@ async fn main() -> anyhow::Result<()> {
         .execute(order_id, &place_command()?, &CommandContext::default())
         .await?;
     let event_id = placed.event_ids[0];
-    let outbox_id: i64 = sqlx::query_scalar("SELECT id FROM outbox WHERE event_id = $1")
-        .bind(event_id)
-        .fetch_one(&pool)
-        .await?;
+    let outbox_id = outbox_row(&pool, event_id).await?.id;
     println!("order_id={order_id} event_id={event_id} outbox_message_id={outbox_id}");
 
     let config = RelayConfig {
@@ -88,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
         "first_relay claimed={} published={} marked_sent={} simulated_crash={}",
         crash.claimed, crash.published, crash.marked_sent, crash.simulated_crash
     );
-    let status = row_status(&pool, outbox_id).await?;
+    let status = outbox_row(&pool, event_id).await?.status;
     let in_stream = stream_copies(&js, event_id).await?;
     println!(
         "published_after_crash={} stream_messages_for_event={in_stream} outbox_status={status}",
@@ -118,7 +116,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let publishes = crash.published + retry.published;
     let in_stream = stream_copies(&js, event_id).await?;
-    let status = row_status(&pool, outbox_id).await?;
+    let status = outbox_row(&pool, event_id).await?.status;
     println!(
         "published_after_retry={publishes} stream_messages_for_event={in_stream} outbox_status={status}"
     );
@@ -133,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     anyhow::ensure!(
-        in_stream == 1 && retry.duplicates == 1 && status == "sent",
+        in_stream == 1 && retry.duplicates == 1 && status == RowStatus::Sent,
         "the crash window was not closed"
     );
     Ok(())
@@ -148,13 +146,10 @@ fn place_command() -> anyhow::Result<domain::OrderCommand> {
     }))
 }
 
-async fn row_status(pool: &sqlx::PgPool, outbox_id: i64) -> anyhow::Result<String> {
-    Ok(
-        sqlx::query_scalar("SELECT status FROM outbox WHERE id = $1")
-            .bind(outbox_id)
-            .fetch_one(pool)
-            .await?,
-    )
+async fn outbox_row(pool: &sqlx::PgPool, event_id: uuid::Uuid) -> anyhow::Result<OutboxRow> {
+    relay::admin::row_of_event(pool, event_id)
+        .await?
+        .with_context(|| format!("event {event_id} has no outbox row"))
 }
 
 /// How many messages in the stream carry this event.

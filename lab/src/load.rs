@@ -45,7 +45,7 @@ pub async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
     let base = match &args.api {
         Some(base) => base.trim_end_matches('/').to_owned(),
         None => {
-            let pool = store::connect(database_url, "waybill-load", 32)
+            let pool = ops::database::connect(database_url, "waybill-load", 32)
                 .await
                 .context("connecting to PostgreSQL")?;
             let store = EventStore::new(pool.clone())
@@ -106,7 +106,7 @@ pub async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
         .iter()
         .filter_map(|(_, r)| r.as_ref().err())
         .collect();
-    let latency = ops::stats::percentiles(results.iter().map(|(us, _)| *us).collect());
+    let latency = testkit::stats::percentiles(results.iter().map(|(us, _)| *us).collect());
     let count = |c: &std::sync::atomic::AtomicUsize| c.load(Ordering::Relaxed);
     let commands = count(&played.placed)
         + count(&played.paid)

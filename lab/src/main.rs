@@ -15,15 +15,9 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "waybill-lab", version, max_term_width = 100)]
 struct Cli {
-    /// PostgreSQL URL of the event store (demo, load, services).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://127.0.0.1:5432/waybill",
-        global = true,
-        hide_env_values = true
-    )]
-    database_url: String,
+    /// The event store (demo, load, services).
+    #[command(flatten)]
+    database: ops::DatabaseArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -62,7 +56,7 @@ fn main() -> ExitCode {
         }
     };
     let outcome = runtime.block_on(async {
-        let database_url = cli.database_url;
+        let database_url = cli.database.url;
         match cli.command {
             Command::Chaos(args) => chaos::run(args).await,
             Command::Demo(args) => demo::run(&database_url, args).await.map(|()| true),
@@ -79,5 +73,19 @@ fn main() -> ExitCode {
             eprintln!("waybill-lab: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Clap's own consistency check: unique argument ids (the shared connection flags included), valid
+    /// defaults, no conflicting short flags.
+    #[test]
+    fn the_command_line_grammar_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

@@ -1,11 +1,151 @@
-//! Operator commands over the outbox: status, dead rows (list and replay), and purging old sent rows.
+//! The one way in to the outbox's state outside its writer: counts by status, the signs of trouble,
+//! one event's row, dead rows (list and replay), purging old sent rows, ending stalled claims.
+//!
+//! The store inserts rows, in the transaction of their events; a relay step claims and settles them
+//! (`crate::claim`, `crate::settle`). Everyone else — the operator commands, the gauges, the demo, the
+//! chaos harness, the examples — reads and changes the outbox through this module, so its columns and
+//! its status words are spelled in one place. Tests keep their own SQL on purpose: they check this
+//! code, not through it.
 
+use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use uuid::Uuid;
+
+/// Where a row is in its life (`outbox.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, sqlx::Type)]
+#[serde(rename_all = "lowercase")]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum RowStatus {
+    /// Waiting for its first publish.
+    Pending,
+    /// Its last publish failed; retried after a backoff.
+    Failed,
+    /// Out of attempts; it and the later versions of its aggregate wait for `dead replay`.
+    Dead,
+    /// In the stream.
+    Sent,
+}
+
+impl RowStatus {
+    /// The word the table stores.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Failed => "failed",
+            Self::Dead => "dead",
+            Self::Sent => "sent",
+        }
+    }
+}
+
+impl fmt::Display for RowStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Rows per status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct StatusCounts {
+    /// Waiting for their first publish.
+    pub pending: i64,
+    /// Waiting for a retry.
+    pub failed: i64,
+    /// Gave up.
+    pub dead: i64,
+    /// Delivered; `None` unless asked for (counting them walks the whole sent history).
+    pub sent: Option<i64>,
+}
+
+impl StatusCounts {
+    /// Rows a live relay still works on: pending and failed (dead rows wait for an operator).
+    pub fn in_progress(&self) -> i64 {
+        self.pending + self.failed
+    }
+
+    /// Rows not in the stream yet, dead ones included.
+    pub fn unsent(&self) -> i64 {
+        self.pending + self.failed + self.dead
+    }
+
+    /// Each status with its count, in life order; `sent` only when it was counted.
+    pub fn by_status(&self) -> Vec<(RowStatus, i64)> {
+        let mut counts = vec![
+            (RowStatus::Pending, self.pending),
+            (RowStatus::Failed, self.failed),
+            (RowStatus::Dead, self.dead),
+        ];
+        counts.extend(self.sent.map(|sent| (RowStatus::Sent, sent)));
+        counts
+    }
+}
+
+/// Counts rows by status. `with_sent` also counts sent rows (a full scan on a large table); without it
+/// only the unsent rows' partial indexes are read, cheap enough to poll.
+pub async fn counts(pool: &PgPool, with_sent: bool) -> sqlx::Result<StatusCounts> {
+    let sql = if with_sent {
+        "SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
+                count(*) FILTER (WHERE status = 'failed') AS failed,
+                count(*) FILTER (WHERE status = 'dead') AS dead,
+                count(*) FILTER (WHERE status = 'sent') AS sent
+         FROM outbox"
+    } else {
+        // Spelled as the two partial indexes' predicates (due rows, dead rows), as in `status`.
+        "SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
+                count(*) FILTER (WHERE status = 'failed') AS failed,
+                count(*) FILTER (WHERE status = 'dead') AS dead,
+                NULL::int8 AS sent
+         FROM outbox WHERE status IN ('pending', 'failed') OR status = 'dead'"
+    };
+    sqlx::query_as(sql).fetch_one(pool).await
+}
+
+/// One event's outbox row, as the relays left it (the body left out).
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct OutboxRow {
+    /// `outbox.id`.
+    pub id: i64,
+    /// The event.
+    pub event_id: Uuid,
+    /// Its type.
+    pub event_type: String,
+    /// Its aggregate.
+    pub aggregate_id: Uuid,
+    /// Its version.
+    pub aggregate_version: i64,
+    /// Where it is in its life.
+    pub status: RowStatus,
+    /// Publishes attempted.
+    pub attempts: i32,
+    /// Why the last publish failed (cleared when it is sent).
+    pub last_error: Option<String>,
+    /// When the event committed.
+    pub created_at: DateTime<Utc>,
+    /// When it was marked sent.
+    pub sent_at: Option<DateTime<Utc>>,
+    /// The relay whose claim last settled it.
+    pub claimed_by: Option<String>,
+    /// When that claim began.
+    pub claimed_at: Option<DateTime<Utc>>,
+    /// The stream sequence of its message, from the PubAck (or the fence's reading of the stream).
+    pub stream_seq: Option<i64>,
+}
+
+/// The outbox row of `event_id`; `None` when no such event was written (or its row was purged).
+pub async fn row_of_event(pool: &PgPool, event_id: Uuid) -> sqlx::Result<Option<OutboxRow>> {
+    sqlx::query_as(
+        "SELECT id, event_id, event_type, aggregate_id, aggregate_version, status, attempts,
+                last_error, created_at, sent_at, claimed_by, claimed_at, stream_seq
+         FROM outbox WHERE event_id = $1",
+    )
+    .bind(event_id)
+    .fetch_optional(pool)
+    .await
+}
 
 /// Counts by status and the signs of trouble.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -30,7 +170,7 @@ pub struct OutboxStatus {
 }
 
 /// An unsent row held up by a fence conflict.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct FenceConflict {
     /// The event.
     pub event_id: Uuid,
@@ -39,14 +179,25 @@ pub struct FenceConflict {
     /// Its version.
     pub aggregate_version: i64,
     /// `failed` (retried) or `dead`.
-    pub status: String,
+    pub status: RowStatus,
     /// The conflict, with the stream sequences involved.
     pub last_error: String,
 }
 
+/// The one-row summary behind [`OutboxStatus`].
+#[derive(sqlx::FromRow)]
+struct Summary {
+    pending: i64,
+    failed: i64,
+    dead: i64,
+    oldest_pending_age_seconds: Option<f64>,
+    held_back: i64,
+    unsettled: i64,
+}
+
 /// Reads the status. `with_sent` also counts sent rows (a full scan on a large table).
 pub async fn status(pool: &PgPool, with_sent: bool) -> sqlx::Result<OutboxStatus> {
-    let row = sqlx::query(
+    let summary: Summary = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
                 count(*) FILTER (WHERE status = 'failed') AS failed,
                 count(*) FILTER (WHERE status = 'dead') AS dead,
@@ -61,7 +212,7 @@ pub async fn status(pool: &PgPool, with_sent: bool) -> sqlx::Result<OutboxStatus
     )
     .fetch_one(pool)
     .await?;
-    let conflicts = sqlx::query(
+    let fence_conflicts = sqlx::query_as(
         "SELECT event_id, aggregate_id, aggregate_version, status, last_error FROM outbox
          WHERE (status IN ('pending', 'failed') OR status = 'dead') AND last_error LIKE 'fence conflict%'
          ORDER BY id LIMIT 20",
@@ -78,25 +229,14 @@ pub async fn status(pool: &PgPool, with_sent: bool) -> sqlx::Result<OutboxStatus
         None
     };
     Ok(OutboxStatus {
-        pending: row.try_get("pending")?,
-        failed: row.try_get("failed")?,
-        dead: row.try_get("dead")?,
+        pending: summary.pending,
+        failed: summary.failed,
+        dead: summary.dead,
         sent,
-        oldest_pending_age_seconds: row.try_get("oldest_pending_age_seconds")?,
-        aggregates_held_back: row.try_get("held_back")?,
-        unsettled_publishes: row.try_get("unsettled")?,
-        fence_conflicts: conflicts
-            .iter()
-            .map(|r| {
-                Ok(FenceConflict {
-                    event_id: r.try_get("event_id")?,
-                    aggregate_id: r.try_get("aggregate_id")?,
-                    aggregate_version: r.try_get("aggregate_version")?,
-                    status: r.try_get("status")?,
-                    last_error: r.try_get("last_error")?,
-                })
-            })
-            .collect::<sqlx::Result<_>>()?,
+        oldest_pending_age_seconds: summary.oldest_pending_age_seconds,
+        aggregates_held_back: summary.held_back,
+        unsettled_publishes: summary.unsettled,
+        fence_conflicts,
     })
 }
 
@@ -128,7 +268,7 @@ pub async fn heads_due_within(pool: &PgPool, within: Duration) -> sqlx::Result<i
 }
 
 /// One dead row, as `dead list` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct DeadRow {
     /// `outbox.id`.
     pub id: i64,
@@ -152,7 +292,7 @@ pub struct DeadRow {
 
 /// Lists dead rows, oldest first.
 pub async fn dead_rows(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<DeadRow>> {
-    let rows = sqlx::query(
+    sqlx::query_as(
         "SELECT o.id, o.event_id, o.event_type, o.aggregate_id, o.aggregate_version, o.attempts,
                 o.dead_at, o.dead_reason,
                 (SELECT count(*) FROM outbox f
@@ -164,22 +304,7 @@ pub async fn dead_rows(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<DeadRow>> 
     )
     .bind(limit)
     .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(DeadRow {
-                id: r.try_get("id")?,
-                event_id: r.try_get("event_id")?,
-                event_type: r.try_get("event_type")?,
-                aggregate_id: r.try_get("aggregate_id")?,
-                aggregate_version: r.try_get("aggregate_version")?,
-                attempts: r.try_get("attempts")?,
-                dead_at: r.try_get("dead_at")?,
-                dead_reason: r.try_get("dead_reason")?,
-                waiting_behind: r.try_get("waiting_behind")?,
-            })
-        })
-        .collect()
+    .await
 }
 
 /// Which dead rows to replay.
@@ -276,4 +401,100 @@ pub async fn prune_journal(pool: &PgPool) -> sqlx::Result<u64> {
     .execute(pool)
     .await?
     .rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use store::{CommandContext, EventStore};
+
+    /// Places an order through the store (its event and outbox row in one transaction); returns the
+    /// event id.
+    async fn placed(store: &EventStore) -> Uuid {
+        let order = domain::OrderId::from_uuid(Uuid::now_v7());
+        let command = testkit::place("alice", &["MUG-BLUE:1:1250"]);
+        let outcome = store
+            .execute(order, &command, &CommandContext::default())
+            .await
+            .expect("place");
+        outcome.event_ids[0]
+    }
+
+    /// Settles a row by hand, as a relay step would have.
+    async fn settle(pool: &PgPool, event_id: Uuid, status: &str) {
+        sqlx::query(
+            "UPDATE outbox SET status = $2, claimed_by = 'relay-t', claimed_at = now(),
+                 stream_seq = CASE WHEN $2 = 'sent' THEN 7 END
+             WHERE event_id = $1",
+        )
+        .bind(event_id)
+        .bind(status)
+        .execute(pool)
+        .await
+        .expect("settle");
+    }
+
+    // The demo, the chaos verdict and the examples read the outbox only through this module: the
+    // table is read here with SQL of its own to check it.
+    #[sqlx::test(migrator = "store::MIGRATOR")]
+    async fn counts_and_an_event_row_say_what_the_table_holds(pool: PgPool) {
+        let store = EventStore::new(pool.clone());
+        let pending = placed(&store).await;
+        let (sent, failed, dead) = (
+            placed(&store).await,
+            placed(&store).await,
+            placed(&store).await,
+        );
+        settle(&pool, sent, "sent").await;
+        settle(&pool, failed, "failed").await;
+        settle(&pool, dead, "dead").await;
+
+        let by_sql: Vec<(String, i64)> =
+            sqlx::query_as("SELECT status, count(*) FROM outbox GROUP BY status ORDER BY status")
+                .fetch_all(&pool)
+                .await
+                .expect("count");
+        let mut counted: Vec<(String, i64)> = counts(&pool, true)
+            .await
+            .expect("counts")
+            .by_status()
+            .into_iter()
+            .map(|(status, n)| (status.to_string(), n))
+            .collect();
+        counted.sort();
+        assert_eq!(counted, by_sql);
+
+        let unsent = counts(&pool, false).await.expect("counts");
+        assert_eq!(
+            unsent,
+            StatusCounts {
+                pending: 1,
+                failed: 1,
+                dead: 1,
+                sent: None
+            }
+        );
+        assert_eq!((unsent.in_progress(), unsent.unsent()), (2, 3));
+
+        let row = row_of_event(&pool, sent)
+            .await
+            .expect("row")
+            .expect("the sent event has a row");
+        assert_eq!(
+            (
+                row.event_id,
+                row.status,
+                row.claimed_by.as_deref(),
+                row.stream_seq
+            ),
+            (sent, RowStatus::Sent, Some("relay-t"), Some(7))
+        );
+        let row = row_of_event(&pool, pending).await.expect("row");
+        assert_eq!(row.map(|r| r.status), Some(RowStatus::Pending));
+        assert_eq!(
+            row_of_event(&pool, Uuid::now_v7()).await.expect("row"),
+            None
+        );
+    }
 }

@@ -6,12 +6,11 @@
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// One claimed outbox row: what to publish and where.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ClaimedRow {
     /// `outbox.id`.
     pub id: i64,
@@ -34,32 +33,13 @@ pub struct ClaimedRow {
     /// The order key within the aggregate.
     pub aggregate_version: i64,
     /// The message body, published verbatim (shared, not copied, by the publish).
+    #[sqlx(try_from = "String")]
     pub body: Bytes,
     /// For a head: the stream sequence of the aggregate's previous version — 0 for version 1, `None`
     /// when that row was purged or its sequence is unknown (the stream is asked then). For a
-    /// follower: `None`; its predecessor's PubAck supplies it.
-    pub previous_sequence: Option<u64>,
-}
-
-impl ClaimedRow {
-    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
-        Ok(Self {
-            id: row.try_get("id")?,
-            attempts: row.try_get("attempts")?,
-            created_at: row.try_get("created_at")?,
-            traceparent: row.try_get("traceparent")?,
-            event_id: row.try_get("event_id")?,
-            event_type: row.try_get("event_type")?,
-            event_version: row.try_get("event_version")?,
-            aggregate_type: row.try_get("aggregate_type")?,
-            aggregate_id: row.try_get("aggregate_id")?,
-            aggregate_version: row.try_get("aggregate_version")?,
-            body: Bytes::from(row.try_get::<String, _>("body")?),
-            previous_sequence: row
-                .try_get::<Option<i64>, _>("previous_sequence")?
-                .and_then(|s| u64::try_from(s).ok()),
-        })
-    }
+    /// follower: `None`; its predecessor's PubAck supplies it. Signed as `outbox.stream_seq` stores it;
+    /// the publish turns it into JetStream's unsigned sequence.
+    pub previous_sequence: Option<i64>,
 }
 
 /// Locks up to `batch_size` due heads and up to `max_rows` rows in all, oldest due first.
@@ -78,7 +58,7 @@ pub async fn claim(
     batch_size: i64,
     max_rows: i64,
 ) -> sqlx::Result<Vec<ClaimedRow>> {
-    let rows = sqlx::query(
+    sqlx::query_as(
         "WITH heads AS (
             SELECT o.id, o.attempts, o.created_at, o.traceparent, o.event_id, o.event_type,
                    o.event_version, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.body,
@@ -112,8 +92,7 @@ pub async fn claim(
     .bind(batch_size)
     .bind(max_rows)
     .fetch_all(tx)
-    .await?;
-    rows.iter().map(ClaimedRow::from_row).collect()
+    .await
 }
 
 /// Groups claimed rows (ordered by aggregate, then version) into per-aggregate runs of consecutive

@@ -135,7 +135,9 @@ pub async fn run_outbox(
                 .await
                 .context("replaying dead rows")?;
             if replayed == 0 && target != ReplayTarget::All {
-                return Err(ops::Refused(format!("{target:?} is not a dead outbox row")).into());
+                return Err(
+                    ops::Refused::new(format!("{target:?} is not a dead outbox row")).into(),
+                );
             }
             let _ = store::notify_now(pool).await;
             if json_output {

@@ -87,7 +87,10 @@ pub async fn last_message(
             aggregate: identity(&message.headers, &message.payload),
         })),
         Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(error) => Err(format!("reading the last message on {subject}: {error}")),
+        Err(error) => Err(format!(
+            "reading the last message on {subject}: {}",
+            ops::error_chain(&error)
+        )),
     }
 }
 

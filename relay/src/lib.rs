@@ -21,6 +21,6 @@ pub use backoff::Backoff;
 #[cfg(feature = "fault-injection")]
 pub use config::PublishFaults;
 pub use config::{RelayConfig, StreamSettings};
-pub use run::{Relay, RunSummary};
+pub use run::{ConnectError, Relay, RunSummary};
 pub use step::{FailPoint, StepError, StepReport};
 pub use stream::{ProvisionError, ensure_stream};

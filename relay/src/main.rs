@@ -37,27 +37,8 @@ struct Cli {
 
 #[derive(Debug, Args)]
 struct Connection {
-    /// PostgreSQL URL of the event store.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://127.0.0.1:5432/waybill",
-        global = true,
-        hide_env_values = true
-    )]
-    database_url: String,
-
     #[command(flatten)]
-    nats: ops::NatsConnection,
-
-    /// JetStream stream to publish into.
-    #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM, global = true)]
-    stream: String,
-
-    /// Subject prefix: every event of an aggregate goes to <prefix>.<aggregate type>.<aggregate id>
-    /// (the event type travels in the Waybill-Event-Type header).
-    #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX, global = true)]
-    subject_prefix: String,
+    shared: ops::StreamConnection,
 
     /// JetStream's dedupe window for Nats-Msg-Id (sized in ARCHITECTURE.md: longer than a crashed
     /// relay's rows take to be re-claimed, short enough for the server memory it costs). Past it, the
@@ -167,16 +148,16 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let stream = StreamSettings {
-        name: cli.connection.stream.clone(),
-        subject_prefix: cli.connection.subject_prefix.clone(),
+        name: cli.connection.shared.stream.clone(),
+        subject_prefix: cli.connection.shared.subject_prefix.clone(),
         duplicate_window: cli.connection.duplicate_window.into(),
     };
     match cli.command {
         Command::Run(args) => relay_run(&cli.connection, stream, args, cli.json).await,
         Command::Provision { update } => {
             let relay = Relay::connect(
-                &cli.connection.database_url,
-                cli.connection.nats.clone(),
+                &cli.connection.shared.database.url,
+                cli.connection.shared.nats.clone(),
                 RelayConfig {
                     stream,
                     ..RelayConfig::default()
@@ -201,9 +182,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Outbox(command) => {
-            let pool = store::connect(&cli.connection.database_url, "waybill-relay-admin", 2)
-                .await
-                .context("connecting to PostgreSQL")?;
+            let pool = ops::database::connect(
+                &cli.connection.shared.database.url,
+                "waybill-relay-admin",
+                2,
+            )
+            .await
+            .context("connecting to PostgreSQL")?;
             run_outbox(&pool, command, cli.json).await
         }
     }
@@ -231,8 +216,13 @@ async fn relay_run(
     if let Some(id) = args.relay_id {
         config.relay_id = id;
     }
-    config.validate().map_err(ops::Refused)?;
-    let relay = Relay::connect(&connection.database_url, connection.nats.clone(), config).await?;
+    config.validate().map_err(ops::Refused::new)?;
+    let relay = Relay::connect(
+        &connection.shared.database.url,
+        connection.shared.nats.clone(),
+        config,
+    )
+    .await?;
     #[cfg(feature = "fault-injection")]
     let relay = if args.crash_after_publish {
         relay.with_fail_point(relay::FailPoint::AbortProcessAfterPublish)
@@ -289,4 +279,18 @@ async fn relay_run(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Two flags with one clap id (the shared connection types flattened side by side) would take each
+    /// other's values; clap's own consistency check catches that and every other grammar mistake.
+    #[test]
+    fn the_command_line_grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
 }

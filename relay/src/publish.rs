@@ -21,6 +21,7 @@ use async_nats::jetstream::{self};
 use domain::wire;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use ops::error_chain;
 
 use crate::claim::ClaimedRow;
 use crate::config::PublishFaults;
@@ -82,7 +83,8 @@ pub async fn publish_runs(
         Ok(stream) => stream,
         Err(error) => {
             // Only an invalid name fails here (no request is made); nothing can be published.
-            let outcome = Outcome::failed(format!("stream {stream}: {error}"), false);
+            let outcome =
+                Outcome::failed(format!("stream {stream}: {}", error_chain(&error)), false);
             return runs
                 .iter()
                 .map(|run| {
@@ -139,7 +141,10 @@ impl ChainPublisher<'_> {
     /// Publishes one aggregate's run in version order, stopping at the first failure.
     async fn publish_chain(&self, index: usize, run: &[ClaimedRow]) -> (usize, Vec<Outcome>) {
         let mut outcomes = Vec::with_capacity(run.len());
-        let mut expected = run.first().and_then(|head| head.previous_sequence);
+        let mut expected = run
+            .first()
+            .and_then(|head| head.previous_sequence)
+            .and_then(|sequence| u64::try_from(sequence).ok());
         for row in run {
             // Stopping, out of time, or the broker is gone: leave the rest pending, untouched. A publish
             // into a disconnected client would only wait for its timeout and burn an attempt.
@@ -250,7 +255,7 @@ async fn publish_one(
         Ok(ack) => ack,
         Err(error) => {
             return Attempt::Done(Outcome::failed(
-                format!("publish: {error}"),
+                format!("publish: {}", error_chain(&error)),
                 ambiguous(error.kind()),
             ));
         }
@@ -266,9 +271,12 @@ async fn publish_one(
             latency: started.elapsed(),
         },
         Err(error) if error.kind() == PublishErrorKind::WrongLastSequence => {
-            return Attempt::WrongLastSequence(error.to_string());
+            return Attempt::WrongLastSequence(error_chain(&error));
         }
-        Err(error) => Outcome::failed(format!("pub ack: {error}"), ambiguous(error.kind())),
+        Err(error) => Outcome::failed(
+            format!("pub ack: {}", error_chain(&error)),
+            ambiguous(error.kind()),
+        ),
     })
 }
 

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use async_nats::connection::State;
 use async_nats::jetstream;
 use ops::error_chain;
@@ -28,6 +27,17 @@ const RETRY_WAIT: Duration = Duration::from_secs(10);
 /// How a relay names its PostgreSQL sessions (`application_name`), followed by its relay id. Relays
 /// end each other's stalled claims by this prefix; nothing else may use it.
 pub const APPLICATION_PREFIX: &str = "waybill-relay ";
+
+/// Why [`Relay::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// PostgreSQL refused or did not answer.
+    #[error("opening the relay's PostgreSQL pool failed")]
+    Database(#[source] sqlx::Error),
+    /// The NATS URL, credentials or TLS files are wrong, or the server did not answer.
+    #[error("opening the relay's NATS connection failed")]
+    Nats(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
 
 /// A relay instance: a database pool, a NATS connection and its settings.
 #[derive(Debug, Clone)]
@@ -109,9 +119,9 @@ impl Relay {
         database_url: &str,
         nats: impl Into<ops::NatsConnection>,
         config: RelayConfig,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, ConnectError> {
         let idle = format!("{}ms", config.claim_idle_timeout.as_millis());
-        let pool = store::connect_with(
+        let pool = ops::database::connect_with(
             database_url,
             // The prefix is how relays recognise each other's sessions (`waybill_end_stale_claims`).
             &format!("{APPLICATION_PREFIX}{}", config.relay_id),
@@ -127,8 +137,12 @@ impl Relay {
             ],
         )
         .await
-        .context("connecting to PostgreSQL")?;
-        let client = nats.into().connect(&config.relay_id).await?;
+        .map_err(ConnectError::Database)?;
+        let client = nats
+            .into()
+            .connect(&config.relay_id)
+            .await
+            .map_err(|error| ConnectError::Nats(error.into()))?;
         Ok(Self::new(pool, client, config))
     }
 
@@ -438,7 +452,7 @@ async fn listen(pool: PgPool, wakes: Vec<Arc<Notify>>) {
         match PgListener::connect_with(&pool).await {
             Ok(mut listener) => {
                 if let Err(error) = listener.listen(store::OUTBOX_CHANNEL).await {
-                    tracing::warn!(%error, "LISTEN failed; relying on polling");
+                    tracing::warn!(error = %error_chain(&error), "LISTEN failed; relying on polling");
                 } else {
                     loop {
                         match listener.try_recv().await {
@@ -448,7 +462,7 @@ async fn listen(pool: PgPool, wakes: Vec<Arc<Notify>>) {
                                 wake_all();
                             }
                             Err(error) => {
-                                tracing::warn!(%error, "notification listener failed; relying on polling");
+                                tracing::warn!(error = %error_chain(&error), "notification listener failed; relying on polling");
                                 break;
                             }
                         }
@@ -456,7 +470,7 @@ async fn listen(pool: PgPool, wakes: Vec<Arc<Notify>>) {
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, "cannot open the notification listener; relying on polling")
+                tracing::warn!(error = %error_chain(&error), "cannot open the notification listener; relying on polling")
             }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -469,12 +483,14 @@ async fn refresh_gauges(pool: PgPool) {
     loop {
         match admin::status(&pool, false).await {
             Ok(status) => metrics::record_status(&status),
-            Err(error) => tracing::debug!(%error, "cannot read the outbox status"),
+            Err(error) => {
+                tracing::debug!(error = %error_chain(&error), "cannot read the outbox status")
+            }
         }
         if ticks.is_multiple_of(12)
             && let Err(error) = admin::prune_journal(&pool).await
         {
-            tracing::debug!(%error, "cannot prune the publish journal");
+            tracing::debug!(error = %error_chain(&error), "cannot prune the publish journal");
         }
         ticks += 1;
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -535,6 +551,29 @@ mod tests {
         let printed = error_chain(&error);
         assert_said_once(&printed);
         assert!(printed.ends_with(": pool timed out while waiting for an open connection"));
+    }
+
+    #[test]
+    fn a_connect_error_chain_says_each_cause_once() {
+        let error = ConnectError::Database(sqlx::Error::PoolTimedOut);
+        let printed = error_chain(&error);
+        assert_said_once(&printed);
+        assert_eq!(
+            printed,
+            "opening the relay's PostgreSQL pool failed: pool timed out while waiting for an open \
+             connection"
+        );
+
+        // As `ops::NatsConnection::connect` fails: the address in its context, the cause below it.
+        let why = anyhow::anyhow!("connection refused").context("connecting to NATS at nats://x:1");
+        let error = ConnectError::Nats(why.into());
+        let printed = error_chain(&error);
+        assert_said_once(&printed);
+        assert_eq!(
+            printed,
+            "opening the relay's NATS connection failed: connecting to NATS at nats://x:1: \
+             connection refused"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// The marks of one step, column by column (ready for `UNNEST`).
@@ -41,7 +41,7 @@ pub struct FailedRow {
 }
 
 /// What the settle statement changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
 pub struct Settled {
     /// Rows marked sent.
     pub sent: i64,
@@ -80,7 +80,7 @@ pub async fn settle(
     claimed_at: chrono::DateTime<chrono::Utc>,
     claim_id: Uuid,
 ) -> sqlx::Result<Settled> {
-    let row = sqlx::query(
+    sqlx::query_as(
         "WITH sent AS (
             UPDATE outbox o
             SET status = 'sent', sent_at = clock_timestamp(), stream_seq = u.seq, attempts = o.attempts + 1,
@@ -132,10 +132,5 @@ pub async fn settle(
     .bind(claim_id)
     .bind(&settlement.ambiguous)
     .fetch_one(tx)
-    .await?;
-    Ok(Settled {
-        sent: row.try_get("sent")?,
-        failed: row.try_get("failed")?,
-        held: row.try_get("held")?,
-    })
+    .await
 }

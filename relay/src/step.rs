@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::claim::{ClaimedRow, claim, into_runs, row_ids};
@@ -310,7 +310,7 @@ async fn forget_journal(pool: &PgPool, claim_id: Uuid) {
         .execute(pool)
         .await
     {
-        tracing::debug!(%error, %claim_id, "cannot withdraw the journal record of a lost claim");
+        tracing::debug!(error = %ops::error_chain(&error), %claim_id, "cannot withdraw the journal record of a lost claim");
     }
 }
 
@@ -333,7 +333,7 @@ async fn journal(
     sqlx::query("SET LOCAL synchronous_commit = on")
         .execute(&mut *tx)
         .await?;
-    let rows = sqlx::query(
+    let rows: Vec<EarlierPublish> = sqlx::query_as(
         "WITH recorded AS (
             INSERT INTO outbox_inflight (claim_id, relay, outbox_ids) VALUES ($1, $2, $3)
         )
@@ -350,7 +350,17 @@ async fn journal(
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
-    rows.iter()
-        .map(|r| Ok((r.try_get("outbox_id")?, r.try_get("started_at")?)))
-        .collect()
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.outbox_id, row.started_at))
+        .collect())
+}
+
+/// A row of this batch that an unsettled step, started longer ago than the dedupe window, may have
+/// published.
+#[derive(sqlx::FromRow)]
+struct EarlierPublish {
+    outbox_id: i64,
+    /// When the earliest such step started.
+    started_at: DateTime<Utc>,
 }

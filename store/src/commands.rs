@@ -6,7 +6,7 @@ use std::sync::Arc;
 use chrono::{DateTime, SubsecRound, Utc};
 use domain::{EventEnvelope, EventMeta, Order, OrderCommand, OrderError, OrderId, Upcasters};
 use serde_json::{Value, json};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::append::{AppendError, AppendOptions, append};
@@ -272,7 +272,7 @@ impl EventStore {
         key: &str,
         request: &Value,
     ) -> Result<Option<CommandOutcome>, CommandError> {
-        let Some(row) = sqlx::query(
+        let Some(record) = sqlx::query_as::<_, IdempotencyRecord>(
             "SELECT request, aggregate_id, aggregate_version, event_ids
              FROM command_idempotency WHERE idempotency_key = $1",
         )
@@ -282,19 +282,27 @@ impl EventStore {
         else {
             return Ok(None);
         };
-        let first: Value = row.try_get("request")?;
-        if &first != request {
+        if &record.request != request {
             return Err(CommandError::KeyReused(key.to_owned()));
         }
-        let order_id = OrderId::from_uuid(row.try_get("aggregate_id")?);
+        let order_id = OrderId::from_uuid(record.aggregate_id);
         Ok(Some(CommandOutcome {
             order_id,
-            aggregate_version: row.try_get("aggregate_version")?,
-            event_ids: row.try_get("event_ids")?,
+            aggregate_version: record.aggregate_version,
+            event_ids: record.event_ids,
             replayed: true,
             order: self.load(order_id).await?,
         }))
     }
+}
+
+/// What the first request with an idempotency key recorded (`command_idempotency`).
+#[derive(sqlx::FromRow)]
+struct IdempotencyRecord {
+    request: Value,
+    aggregate_id: Uuid,
+    aggregate_version: i64,
+    event_ids: Vec<Uuid>,
 }
 
 /// The request as recorded with an idempotency key. A new order's id is left out: a retried `place`

@@ -1,8 +1,9 @@
 //! Reading an aggregate's history back: rows to envelopes, upcast, decoded and folded.
 
+use chrono::{DateTime, Utc};
 use domain::{DecodeError, EventEnvelope, Order, OrderEvent, OrderId, Upcasters};
-use sqlx::postgres::PgRow;
-use sqlx::{PgExecutor, Row};
+use serde_json::Value;
+use sqlx::PgExecutor;
 use uuid::Uuid;
 
 /// Why an order's history could not be read.
@@ -37,8 +38,8 @@ pub enum LoadError {
     },
 }
 
-/// The `events` columns that make an envelope, in the order [`envelope_from_row`] reads them;
-/// `envelope_columns!("e.")` qualifies them with a table alias.
+/// The `events` columns that make an [`EnvelopeRow`]; `envelope_columns!("e.")` qualifies them with a
+/// table alias.
 #[macro_export]
 macro_rules! envelope_columns {
     () => {
@@ -70,20 +71,37 @@ macro_rules! envelope_columns {
     };
 }
 
-/// Builds an envelope from a row selected with [`envelope_columns!`].
-pub fn envelope_from_row(row: &PgRow) -> sqlx::Result<EventEnvelope> {
-    Ok(EventEnvelope {
-        event_id: row.try_get("event_id")?,
-        event_type: row.try_get("event_type")?,
-        event_version: row.try_get("event_version")?,
-        aggregate_type: row.try_get("aggregate_type")?,
-        aggregate_id: row.try_get("aggregate_id")?,
-        aggregate_version: row.try_get("aggregate_version")?,
-        occurred_at: row.try_get("occurred_at")?,
-        correlation_id: row.try_get("correlation_id")?,
-        causation_id: row.try_get("causation_id")?,
-        payload: row.try_get("payload")?,
-    })
+/// An `events` row selected with [`envelope_columns!`]. The domain's [`EventEnvelope`] knows no
+/// database, so the row is read here and converted with `into()`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EnvelopeRow {
+    event_id: Uuid,
+    event_type: String,
+    event_version: i32,
+    aggregate_type: String,
+    aggregate_id: Uuid,
+    aggregate_version: i64,
+    occurred_at: DateTime<Utc>,
+    correlation_id: Option<Uuid>,
+    causation_id: Option<Uuid>,
+    payload: Value,
+}
+
+impl From<EnvelopeRow> for EventEnvelope {
+    fn from(row: EnvelopeRow) -> Self {
+        Self {
+            event_id: row.event_id,
+            event_type: row.event_type,
+            event_version: row.event_version,
+            aggregate_type: row.aggregate_type,
+            aggregate_id: row.aggregate_id,
+            aggregate_version: row.aggregate_version,
+            occurred_at: row.occurred_at,
+            correlation_id: row.correlation_id,
+            causation_id: row.causation_id,
+            payload: row.payload,
+        }
+    }
 }
 
 /// Every stored envelope of one aggregate, oldest first, as written (not upcast).
@@ -91,7 +109,7 @@ pub async fn load_envelopes(
     db: impl PgExecutor<'_>,
     aggregate_id: Uuid,
 ) -> sqlx::Result<Vec<EventEnvelope>> {
-    let rows = sqlx::query(concat!(
+    let rows: Vec<EnvelopeRow> = sqlx::query_as(concat!(
         "SELECT ",
         envelope_columns!(),
         " FROM events WHERE aggregate_id = $1 ORDER BY aggregate_version"
@@ -99,7 +117,7 @@ pub async fn load_envelopes(
     .bind(aggregate_id)
     .fetch_all(db)
     .await?;
-    rows.iter().map(envelope_from_row).collect()
+    Ok(rows.into_iter().map(EventEnvelope::from).collect())
 }
 
 /// Loads, upcasts and folds one order. An unknown id gives an order with status `new` and version 0.

@@ -99,7 +99,6 @@ const SETTLE: Duration = Duration::from_secs(5);
 pub struct Planned {
     /// When, from the start of the run.
     pub at: Duration,
-    /// What.
     pub kind: FaultKind,
 }
 
@@ -147,7 +146,7 @@ pub struct Fault {
 /// Everything injected.
 #[derive(Debug, Default)]
 pub struct Injected {
-    /// The faults in order.
+    /// Every fault injected, in the order it was injected.
     pub faults: Vec<Fault>,
     /// Stream sequences of the hostile messages the broker stored.
     pub hostile_sequences: BTreeSet<u64>,
@@ -168,9 +167,7 @@ impl Injected {
 /// What the faults act on.
 #[derive(Debug)]
 pub struct Context {
-    /// The processes.
     pub fleet: Arc<Fleet>,
-    /// The servers.
     pub servers: Servers,
     /// The harness's own pool on the event store.
     pub pool: PgPool,

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex as BlockingMutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use ops::{NatsServer, PostgresServer};
 use rustix::process::{Pid, Signal, kill_process};
 use serde::Serialize;
+use testkit::{NatsServer, PostgresServer};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
@@ -59,7 +59,7 @@ impl Binaries {
 pub struct Servers {
     /// The event store's database (the projections keep their schemas in it too).
     pub database_url: String,
-    /// The NATS server.
+    /// Where the private nats-server listens (nats://127.0.0.1:port).
     pub nats_url: String,
     postgres: Arc<BlockingMutex<PostgresServer>>,
     nats: Arc<BlockingMutex<NatsServer>>,
@@ -176,7 +176,8 @@ pub struct ProcessSummary {
     pub unexpected_exits: u32,
 }
 
-/// The running system.
+/// The system under test as running child processes, each supervised and restarted if it exits on
+/// its own, with the private servers they use.
 #[derive(Debug)]
 pub struct Fleet {
     binaries: Binaries,
@@ -195,7 +196,11 @@ impl Fleet {
         stream: &str,
         subject_prefix: &str,
     ) -> anyhow::Result<Self> {
-        let logs = ops::unique_temp_dir("waybill-chaos-logs", 0)?;
+        // Kept after the run: the report points at it.
+        let logs = tempfile::Builder::new()
+            .prefix("waybill-chaos-logs-")
+            .tempdir()?
+            .keep();
         // The children get this environment and nothing else from ours: a WAYBILL_LISTEN or NATS
         // credentials meant for another system must not reach them.
         let env = vec![
@@ -219,7 +224,7 @@ impl Fleet {
         run_once(&binaries.relay, &provision, "provision", &env, &logs).await?;
 
         // Every listening port chosen at once, so that no two processes are handed the same one.
-        let mut ports = ops::free_ports(2 + 2 + PROJECTIONS.len())?.into_iter();
+        let mut ports = testkit::free_ports(2 + 2 + PROJECTIONS.len())?.into_iter();
         let mut next_port = move || ports.next().context("more processes than ports chosen");
         let api_port = next_port()?;
         let mut health = Vec::new();

@@ -36,7 +36,6 @@ const GRACE: Duration = Duration::from_secs(90);
 pub struct Accepted {
     /// `place`, `pay`, `ship` or `cancel`.
     pub command: &'static str,
-    /// The order.
     pub order_id: Uuid,
     /// The first event the service said the command recorded (its `Event-Id` header).
     pub event_id: Uuid,
@@ -62,7 +61,7 @@ pub struct Played {
     pub unexpected: Vec<String>,
 }
 
-/// The running load.
+/// The load generator while it runs: its workers and what they have recorded so far.
 #[derive(Debug)]
 pub struct Load {
     task: tokio::task::JoinHandle<()>,

@@ -119,11 +119,7 @@ impl Backlog {
 /// Reads the backlog, giving up after two seconds (a server may be down).
 pub async fn backlog(pool: &PgPool, jetstream: &jetstream::Context) -> Option<Backlog> {
     let read = async {
-        let unsent: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status IN ('pending', 'failed')")
-                .fetch_one(pool)
-                .await
-                .ok()?;
+        let unsent = relay::admin::counts(pool, false).await.ok()?.in_progress();
         let stream = jetstream.get_stream(super::STREAM).await.ok()?;
         let mut lags = Vec::new();
         for name in PROJECTIONS {

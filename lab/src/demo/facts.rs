@@ -8,6 +8,7 @@ use async_nats::jetstream;
 use async_nats::jetstream::stream::RawMessageErrorKind;
 use domain::EventEnvelope;
 use projections::{Inventory, Points, Projection, Search};
+use relay::admin::{self, OutboxRow, RowStatus};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -37,17 +38,6 @@ fn describe(copies: &[Copy]) -> String {
         .collect();
     let noun = if copies.len() == 1 { "copy" } else { "copies" };
     format!("{} {noun}: {}", copies.len(), each.join(", "))
-}
-
-/// The outbox row of the watched event, as the relay left it.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct OutboxRow {
-    /// `pending`, `sent`, `failed` or `dead`.
-    pub status: String,
-    /// The relay whose claim settled the row.
-    pub claimed_by: Option<String>,
-    /// The stream sequence the settling PubAck named.
-    pub stream_seq: Option<i64>,
 }
 
 /// The crash-window event: the first event of the first order, and the subject its aggregate's events
@@ -119,13 +109,12 @@ impl Watched {
         }
     }
 
-    /// The event's outbox row.
+    /// The event's outbox row, as the relay left it.
     pub async fn outbox_row(&self, pool: &PgPool) -> anyhow::Result<OutboxRow> {
-        sqlx::query_as("SELECT status, claimed_by, stream_seq FROM outbox WHERE event_id = $1")
-            .bind(self.event_id)
-            .fetch_one(pool)
+        admin::row_of_event(pool, self.event_id)
             .await
-            .context("reading the crash-window event's outbox row")
+            .context("reading the crash-window event's outbox row")?
+            .with_context(|| format!("event {} has no outbox row", self.event_id))
     }
 
     fn is_own(&self, copy: &Copy) -> bool {
@@ -143,7 +132,7 @@ impl Watched {
         let copies = self.copies(js).await?;
         let row = self.outbox_row(pool).await?;
         match copies.as_slice() {
-            [copy] if self.is_own(copy) && row.status == "pending" => Ok(copy.sequence),
+            [copy] if self.is_own(copy) && row.status == RowStatus::Pending => Ok(copy.sequence),
             _ => anyhow::bail!(
                 "the crash window did not happen: event {} should be in the stream once under its own \
                  Nats-Msg-Id with its outbox row pending, but the stream holds {} and the row is {}",
@@ -168,7 +157,7 @@ impl Watched {
         let deadline = Instant::now() + timeout;
         let row = loop {
             let row = self.outbox_row(pool).await?;
-            if row.status == "sent" {
+            if row.status == RowStatus::Sent {
                 break row;
             }
             anyhow::ensure!(

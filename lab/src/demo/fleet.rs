@@ -77,7 +77,7 @@ impl Fleet {
             }
         };
         let mut tasks = Vec::new();
-        let pool = store::connect(&wiring.database_url, "waybill-demo-api", 8).await?;
+        let pool = ops::database::connect(&wiring.database_url, "waybill-demo-api", 8).await?;
         let store = EventStore::new(pool.clone())
             .with_notifier(OutboxNotifier::spawn(pool, Duration::from_millis(5)));
         let telemetry = ops::telemetry_routes(
@@ -113,7 +113,7 @@ impl Fleet {
                 let shutdown = stopped();
                 tasks.push(tokio::spawn(async move {
                     if let Err(error) = runner.run(shutdown, false, |_| {}).await {
-                        tracing::error!(error = format!("{error:#}"), "projection task failed");
+                        tracing::error!(error = %ops::error_chain(&error), "projection task failed");
                     }
                 }));
             }};
@@ -131,11 +131,15 @@ impl Fleet {
     }
 
     async fn start_processes(wiring: Wiring) -> anyhow::Result<Self> {
-        let logs = ops::unique_temp_dir("waybill-demo-logs", 0)?;
+        // Kept after the run: stopping the demo hands back where its logs are.
+        let logs = tempfile::Builder::new()
+            .prefix("waybill-demo-logs-")
+            .tempdir()?
+            .keep();
         let mut children = Vec::new();
-        let api_port = ops::free_port()?;
+        let api_port = testkit::free_port()?;
         let mut serve = command(&binary("waybill")?, &wiring, &logs, "order-service")?;
-        let api_metrics_port = ops::free_port()?;
+        let api_metrics_port = testkit::free_port()?;
         serve.args([
             "serve",
             "--listen",
@@ -151,7 +155,7 @@ impl Fleet {
         // The order service answers /health on its metrics listener.
         let mut health = vec![format!("http://127.0.0.1:{api_metrics_port}")];
         for name in [Inventory::NAME, Points::NAME, Search::NAME] {
-            let (port, metrics_port) = (ops::free_port()?, ops::free_port()?);
+            let (port, metrics_port) = (testkit::free_port()?, testkit::free_port()?);
             let mut projection =
                 command(&binary(&format!("waybill-{name}"))?, &wiring, &logs, name)?;
             projection.args([

@@ -269,7 +269,8 @@ async fn fresh_database(services: &Services, name: &str, url: &str) -> anyhow::R
         !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
         "the demo database name may only use letters, digits and '_'"
     );
-    let admin = store::connect(&services.database_url("postgres"), "waybill-demo", 1).await?;
+    let admin =
+        ops::database::connect(&services.database_url("postgres"), "waybill-demo", 1).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
     )))
@@ -277,8 +278,8 @@ async fn fresh_database(services: &Services, name: &str, url: &str) -> anyhow::R
     .await
     .context("dropping the previous demo database")?;
     admin.close().await;
-    store::ensure_database(url).await?;
-    let pool = store::connect(url, "waybill-demo", 4).await?;
+    ops::database::ensure_database(url).await?;
+    let pool = ops::database::connect(url, "waybill-demo", 4).await?;
     store::migrate(&pool).await?;
     Ok(pool)
 }
@@ -332,10 +333,9 @@ async fn republish_with_new_id(js: &jetstream::Context, sequence: u64) -> anyhow
 
 /// True when no outbox row waits and every projection has applied everything.
 async fn settled(pool: &PgPool, js: &jetstream::Context) -> bool {
-    let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status <> 'sent'")
-        .fetch_one(pool)
+    let unsent = relay::admin::counts(pool, false)
         .await
-        .unwrap_or(1);
+        .map_or(1, |counts| counts.unsent());
     unsent == 0
         && lag(js)
             .await
@@ -365,12 +365,16 @@ async fn progress(
 ) {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let counts: Vec<(String, i64)> =
-            sqlx::query_as("SELECT status, count(*) FROM outbox GROUP BY status ORDER BY status")
-                .fetch_all(&pool)
-                .await
-                .unwrap_or_default();
-        let outbox: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        // Sent rows included: the demo's table is small, and watching `sent` grow is the point.
+        let counts = relay::admin::counts(&pool, true)
+            .await
+            .map(|counts| counts.by_status())
+            .unwrap_or_default();
+        let outbox: Vec<String> = counts
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(s, n)| format!("{n} {s}"))
+            .collect();
         let lags = lag(&js).await.unwrap_or_default();
         let behind: Vec<String> = lags
             .iter()

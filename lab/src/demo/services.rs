@@ -2,14 +2,13 @@
 //! private ones started from the installed binaries when they do not.
 
 use anyhow::Context;
-use ops::{NatsServer, PostgresServer};
+use testkit::{NatsServer, PostgresServer};
 
 /// The services in use; private ones stop when this is dropped.
 #[derive(Debug)]
 pub struct Services {
     /// A URL of the PostgreSQL in use (its database name is replaced as needed).
     pub postgres_url: String,
-    /// The NATS URL.
     pub nats_url: String,
     /// Set when PostgreSQL was started for this run.
     pub private_postgres: Option<PostgresServer>,
@@ -29,13 +28,13 @@ impl Services {
             private_postgres: None,
             private_nats: None,
         };
-        if !ops::reachable(&pg_host, pg_port) {
+        if !testkit::reachable(&pg_host, pg_port) {
             let private = PostgresServer::start()
                 .with_context(|| format!("PostgreSQL is not reachable at {pg_host}:{pg_port} and a private one could not start"))?;
             services.postgres_url = private.url("postgres");
             services.private_postgres = Some(private);
         }
-        if !ops::reachable(&nats_host, nats_port) {
+        if !testkit::reachable(&nats_host, nats_port) {
             let private = NatsServer::start()
                 .with_context(|| format!("NATS is not reachable at {nats_host}:{nats_port} and a private one could not start"))?;
             services.nats_url = private.url();
@@ -46,7 +45,7 @@ impl Services {
 
     /// The URL of `database` on the PostgreSQL in use.
     pub fn database_url(&self, database: &str) -> String {
-        store::with_database(&self.postgres_url, database)
+        ops::database::with_database(&self.postgres_url, database)
     }
 
     /// One line per service: where it is and whose it is.
