@@ -1,48 +1,15 @@
-//! How a run ends badly: the error, and whether it was the caller's input (exit 2) or a fault (exit 1).
-
-use std::process::ExitCode;
+//! How a run ends badly: which errors are the caller's input (exit 2, marked [`ops::Refused`]) and
+//! which are faults (exit 1), with a hint when the database was never migrated.
 
 use store::CommandError;
 
-/// An error that ends the program, classified for its exit code.
-#[derive(Debug)]
-pub struct Failure {
-    /// True when the input was refused: nothing was written, and retrying the same input is pointless.
-    pub refused: bool,
-    /// What went wrong, with its causes.
-    pub error: anyhow::Error,
-}
-
-impl Failure {
-    /// The caller's input was refused (exit code 2).
-    pub fn refused(error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            refused: true,
-            error: error.into(),
-        }
-    }
-
-    /// Reports the failure and returns the exit code.
-    pub fn report(&self, json_output: bool) -> ExitCode {
-        ops::report_failure(&self.error, self.refused, json_output)
-    }
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(error: anyhow::Error) -> Self {
-        Self {
-            refused: false,
-            error,
-        }
-    }
-}
-
-impl From<CommandError> for Failure {
-    fn from(error: CommandError) -> Self {
-        Self {
-            refused: error.is_refusal(),
-            error: with_hint(error),
-        }
+/// A command's error as the program ends with it: a refusal (a domain rule said no; nothing was
+/// written) is marked [`ops::Refused`] so that the run exits 2; anything else gets the migrate hint.
+pub fn command_failure(error: CommandError) -> anyhow::Error {
+    if error.is_refusal() {
+        ops::Refused::new(error).into()
+    } else {
+        with_hint(error)
     }
 }
 
@@ -52,7 +19,7 @@ pub fn with_hint(error: impl Into<anyhow::Error>) -> anyhow::Error {
     let unmigrated = error
         .chain()
         .filter_map(|cause| cause.downcast_ref::<sqlx::Error>())
-        .any(store::is_undefined_table);
+        .any(ops::database::is_undefined_table);
     if unmigrated {
         error.context("the database has no waybill tables; run `waybill migrate` first")
     } else {

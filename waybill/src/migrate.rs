@@ -3,15 +3,15 @@
 use anyhow::Context;
 use serde_json::json;
 
-use crate::failure::{Failure, redact};
+use crate::failure::redact;
 
 /// Runs the migration and prints what it did.
-pub async fn run(database_url: &str, json: bool) -> Result<(), Failure> {
+pub async fn run(database_url: &str, json: bool) -> anyhow::Result<()> {
     let shown = redact(database_url);
-    let created = store::ensure_database(database_url)
+    let created = ops::database::ensure_database(database_url)
         .await
         .with_context(|| format!("cannot create or open the database at {shown}"))?;
-    let pool = store::connect(database_url, "waybill-migrate", 1)
+    let pool = ops::database::connect(database_url, "waybill-migrate", 1)
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {shown}"))?;
     let applied = store::migrate(&pool).await.context("applying migrations")?;

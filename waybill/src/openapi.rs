@@ -111,7 +111,7 @@ fn telemetry() -> Value {
     })
 }
 
-/// The document.
+/// The OpenAPI 3.1 document of the order service, as `/openapi.json` serves it.
 pub fn document() -> Value {
     let string = |pattern: &str| json!({"type": "string", "pattern": pattern});
     // Integers held in an i64 by the service; `int64` tells generated clients not to use 32 bits.

@@ -11,10 +11,10 @@ use store::{CommandContext, CommandOutcome, EventStore};
 use uuid::Uuid;
 
 use crate::cli::{CancelArgs, PayArgs, PlaceArgs, ShipArgs, ShowArgs, WriteOptions};
-use crate::failure::{Failure, with_hint};
+use crate::failure::{command_failure, with_hint};
 
 /// Places an order under a new (or the given) id.
-pub async fn place(store: &EventStore, args: PlaceArgs, json: bool) -> Result<(), Failure> {
+pub async fn place(store: &EventStore, args: PlaceArgs, json: bool) -> anyhow::Result<()> {
     let order_id = args
         .order_id
         .unwrap_or_else(|| OrderId::from_uuid(Uuid::now_v7()));
@@ -27,7 +27,7 @@ pub async fn place(store: &EventStore, args: PlaceArgs, json: bool) -> Result<()
 }
 
 /// Pays an order.
-pub async fn pay(store: &EventStore, args: PayArgs, json: bool) -> Result<(), Failure> {
+pub async fn pay(store: &EventStore, args: PayArgs, json: bool) -> anyhow::Result<()> {
     let command = OrderCommand::Pay(PayOrder {
         amount_cents: args.amount,
         payment_ref: args.payment_ref,
@@ -36,7 +36,7 @@ pub async fn pay(store: &EventStore, args: PayArgs, json: bool) -> Result<(), Fa
 }
 
 /// Cancels an order.
-pub async fn cancel(store: &EventStore, args: CancelArgs, json: bool) -> Result<(), Failure> {
+pub async fn cancel(store: &EventStore, args: CancelArgs, json: bool) -> anyhow::Result<()> {
     let command = OrderCommand::Cancel(CancelOrder {
         reason: args.reason,
     });
@@ -44,7 +44,7 @@ pub async fn cancel(store: &EventStore, args: CancelArgs, json: bool) -> Result<
 }
 
 /// Ships an order.
-pub async fn ship(store: &EventStore, args: ShipArgs, json: bool) -> Result<(), Failure> {
+pub async fn ship(store: &EventStore, args: ShipArgs, json: bool) -> anyhow::Result<()> {
     let command = OrderCommand::Ship(ShipOrder {
         carrier: args.carrier,
         tracking_number: args.tracking_number,
@@ -53,10 +53,10 @@ pub async fn ship(store: &EventStore, args: ShipArgs, json: bool) -> Result<(), 
 }
 
 /// Shows the folded order; an unknown id is refused.
-pub async fn show(store: &EventStore, args: ShowArgs, json: bool) -> Result<(), Failure> {
+pub async fn show(store: &EventStore, args: ShowArgs, json: bool) -> anyhow::Result<()> {
     let order = store.load(args.order_id).await.map_err(with_hint)?;
     if order.status == OrderStatus::New {
-        return Err(Failure::refused(OrderError::NotFound(args.order_id)));
+        return Err(ops::Refused::new(OrderError::NotFound(args.order_id)).into());
     }
     if json {
         println!(
@@ -75,14 +75,17 @@ async fn execute(
     command: OrderCommand,
     write: &WriteOptions,
     json: bool,
-) -> Result<(), Failure> {
+) -> anyhow::Result<()> {
     let context = CommandContext {
         idempotency_key: write.idempotency_key.clone(),
         expected_version: write.expected_version,
         correlation_id: write.correlation_id,
         traceparent: None,
     };
-    let outcome = store.execute(order_id, &command, &context).await?;
+    let outcome = store
+        .execute(order_id, &command, &context)
+        .await
+        .map_err(command_failure)?;
     tracing::info!(
         order_id = %outcome.order_id,
         command = command.verb(),

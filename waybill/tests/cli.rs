@@ -5,16 +5,6 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// The URL of the test's own database (same server and user as `DATABASE_URL`).
-async fn url_of(pool: &PgPool) -> String {
-    let name: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(pool)
-        .await
-        .expect("database name");
-    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for sqlx::test");
-    store::with_database(&base, &name)
-}
-
 struct Run {
     code: i32,
     stdout: String,
@@ -78,7 +68,7 @@ async fn snapshot(pool: &PgPool) -> Value {
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn place_prints_the_contracted_json(pool: PgPool) {
-    let url = url_of(&pool).await;
+    let url = testkit::database_url(&pool).await;
     let run = waybill(
         &url,
         &[
@@ -110,7 +100,7 @@ async fn place_prints_the_contracted_json(pool: PgPool) {
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn a_full_lifecycle_shows_the_folded_order(pool: PgPool) {
-    let url = url_of(&pool).await;
+    let url = testkit::database_url(&pool).await;
     let id = place(&url, &["MUG-BLUE:2:1250", "TEA:1:500"]).await;
     assert_eq!(
         waybill(
@@ -148,7 +138,7 @@ async fn a_full_lifecycle_shows_the_folded_order(pool: PgPool) {
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn every_refused_command_exits_2_names_the_problem_and_changes_nothing(pool: PgPool) {
-    let url = url_of(&pool).await;
+    let url = testkit::database_url(&pool).await;
     let placed = place(&url, &["MUG:2:1250"]).await;
     let paid = place(&url, &["MUG:1:700"]).await;
     assert_eq!(
@@ -341,7 +331,7 @@ async fn every_refused_command_exits_2_names_the_problem_and_changes_nothing(poo
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn refusals_are_json_on_stdout_with_json(pool: PgPool) {
-    let url = url_of(&pool).await;
+    let url = testkit::database_url(&pool).await;
     let run = waybill(&url, &["show", &Uuid::now_v7().to_string(), "--json"]).await;
     assert_eq!(run.code, 2);
     let out = run.json();
@@ -356,7 +346,7 @@ async fn refusals_are_json_on_stdout_with_json(pool: PgPool) {
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn an_idempotency_key_makes_place_safe_to_retry(pool: PgPool) {
-    let url = url_of(&pool).await;
+    let url = testkit::database_url(&pool).await;
     let args = [
         "place",
         "--customer",
@@ -388,7 +378,7 @@ async fn an_idempotency_key_makes_place_safe_to_retry(pool: PgPool) {
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn a_legacy_v1_row_written_straight_into_events_shows_as_an_order(pool: PgPool) {
-    let url = url_of(&pool).await;
+    let url = testkit::database_url(&pool).await;
     let id = Uuid::now_v7();
     sqlx::query(
         "INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
@@ -412,7 +402,7 @@ async fn a_legacy_v1_row_written_straight_into_events_shows_as_an_order(pool: Pg
 
 #[sqlx::test(migrations = false)]
 async fn an_unmigrated_database_gets_a_hint(pool: PgPool) {
-    let url = url_of(&pool).await;
+    let url = testkit::database_url(&pool).await;
     let run = waybill(&url, &["show", &Uuid::now_v7().to_string()]).await;
     assert_eq!(run.code, 1);
     assert!(run.stderr.contains("waybill migrate"), "{}", run.stderr);
@@ -422,7 +412,7 @@ async fn an_unmigrated_database_gets_a_hint(pool: PgPool) {
 async fn migrate_creates_a_missing_database_and_is_idempotent() {
     let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
     let name = format!("waybill_migrate_{}", Uuid::now_v7().simple());
-    let url = store::with_database(&base, &name);
+    let url = ops::database::with_database(&base, &name);
 
     let first = waybill(&url, &["migrate", "--json"]).await;
     assert_eq!(first.code, 0, "{}", first.stderr);
@@ -435,7 +425,7 @@ async fn migrate_creates_a_missing_database_and_is_idempotent() {
     assert_eq!(again["created"], false);
     assert_eq!(again["applied"], json!([]));
 
-    let admin = store::connect(&base, "waybill-test", 1)
+    let admin = ops::database::connect(&base, "waybill-test", 1)
         .await
         .expect("connect");
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -448,7 +438,7 @@ async fn migrate_creates_a_missing_database_and_is_idempotent() {
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn outbox_status_counts_what_commands_wrote(pool: PgPool) {
-    let url = url_of(&pool).await;
+    let url = testkit::database_url(&pool).await;
     let id = place(&url, &["MUG:1:100"]).await;
     assert_eq!(
         waybill(&url, &["pay", &id, "--amount", "100"]).await.code,
@@ -465,7 +455,7 @@ async fn outbox_status_counts_what_commands_wrote(pool: PgPool) {
 async fn a_corrupt_stored_event_fails_show_naming_the_event_and_saying_each_cause_once(
     pool: PgPool,
 ) {
-    let url = url_of(&pool).await;
+    let url = testkit::database_url(&pool).await;
     let id = place(&url, &["MUG:1:700"]).await;
     let order_id: Uuid = id.parse().expect("order id");
 

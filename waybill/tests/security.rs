@@ -54,7 +54,9 @@ async fn sslmode_require_encrypts_and_the_commands_work(pool: PgPool) {
     assert_eq!(place.code, 0, "{}", place.stderr);
 
     // The same options the binaries use give an encrypted session.
-    let tls = store::connect(&url, "tls-check", 1).await.expect("connect");
+    let tls = ops::database::connect(&url, "tls-check", 1)
+        .await
+        .expect("connect");
     let encrypted: bool =
         sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
             .fetch_one(&tls)
@@ -63,7 +65,9 @@ async fn sslmode_require_encrypts_and_the_commands_work(pool: PgPool) {
     assert!(encrypted, "sslmode=require must encrypt");
 
     // verify-ca honours sslrootcert: a CA that did not sign the server's certificate is refused.
-    let dir = ops::unique_temp_dir("waybill-ca", 0).expect("temp dir");
+    let dir = tempfile::TempDir::with_prefix("waybill-ca-")
+        .expect("temp dir")
+        .keep();
     let status = std::process::Command::new("openssl")
         .args([
             "req",
@@ -158,7 +162,7 @@ async fn drop_user(pool: &PgPool, name: &str) {
 async fn denied(pool: &PgPool, sql: &'static str) -> bool {
     match sqlx::query(sql).execute(pool).await {
         Ok(_) => false,
-        Err(error) => store::has_sqlstate(&error, "42501"),
+        Err(error) => ops::database::has_sqlstate(&error, "42501"),
     }
 }
 

@@ -21,7 +21,7 @@ impl Service {
     /// ports, plus `extra` flags; returns once its health check answers.
     pub async fn start_with(pool: &PgPool, extra: &[&str]) -> Self {
         let url = testkit::database_url(pool).await;
-        let ports = ops::free_ports(2).expect("free ports");
+        let ports = testkit::free_ports(2).expect("free ports");
         let (port, metrics_port) = (ports[0], ports[1]);
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill"))
             .args([
