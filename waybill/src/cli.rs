@@ -4,9 +4,6 @@ use clap::{Args, Parser, Subcommand};
 use domain::{Cents, Currency, CustomerId, Note, OrderId, OrderLine};
 use uuid::Uuid;
 
-/// Where the event store lives unless `--database-url` or `DATABASE_URL` says otherwise.
-pub const DEFAULT_DATABASE_URL: &str = "postgres://127.0.0.1:5432/waybill";
-
 /// waybill: an event-sourced order service whose events leave PostgreSQL through a transactional outbox.
 ///
 /// Commands write events and their outbox rows in one transaction; the relay (`waybill-relay`) publishes
@@ -20,15 +17,9 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://127.0.0.1:5432/waybill";
     max_term_width = 100
 )]
 pub struct Cli {
-    /// PostgreSQL URL of the event store.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = DEFAULT_DATABASE_URL,
-        global = true,
-        hide_env_values = true
-    )]
-    pub database_url: String,
+    /// The event store.
+    #[command(flatten)]
+    pub database: ops::DatabaseArgs,
 
     /// Print machine-readable JSON on standard output (errors too) instead of text.
     #[arg(long, global = true)]
@@ -143,6 +134,52 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub edge: EdgeArgs,
+
+    #[command(flatten)]
+    pub console: ConsoleArgs,
+}
+
+/// The console (`/console`): where it reads the stream, and whether it may change anything.
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// Serve no console: /console and everything under it answer 404.
+    #[arg(long, env = "WAYBILL_NO_CONSOLE")]
+    pub no_console: bool,
+
+    /// The NATS server the console reads the stream from (the service starts and serves orders
+    /// without it; the console then shows the stream as unavailable). Boxed: its many optional
+    /// credentials would make `serve` the one large variant of the command enum.
+    #[command(flatten)]
+    pub nats: Box<ops::NatsConnection>,
+
+    /// JetStream stream the console shows.
+    #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM)]
+    pub stream: String,
+
+    /// Subject prefix of the stream (an order's events are on <prefix>.order.<id>).
+    #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX)]
+    pub subject_prefix: String,
+
+    /// Enables the console's state-changing actions (replaying dead outbox rows), each of which
+    /// then requires `Authorization: Bearer <token>`. Without it the console only reads. At least
+    /// 16 characters; prefer the environment variable (flags show up in `ps`).
+    #[arg(long, env = "WAYBILL_OPERATOR_TOKEN", hide_env_values = true, value_parser = operator_token)]
+    pub operator_token: Option<String>,
+
+    /// A relay's metrics endpoint (`waybill-relay run --metrics-listen`), e.g.
+    /// http://127.0.0.1:9464/metrics: the console scrapes it with each sample (1 s timeout) for the
+    /// counters only the relays keep — duplicate PubAcks and fenced publishes — and shows them per
+    /// relay and in total. Repeat it once per relay (comma-separated in the environment variable).
+    #[arg(long = "relay-metrics", env = "WAYBILL_RELAY_METRICS", value_name = "URL", value_delimiter = ',', value_parser = waybill::console::MetricsUrl::parse)]
+    pub relay_metrics: Vec<waybill::console::MetricsUrl>,
+}
+
+/// An operator token long enough not to be guessed.
+fn operator_token(text: &str) -> Result<String, String> {
+    if text.trim().chars().count() < 16 {
+        return Err("an operator token needs at least 16 characters".to_owned());
+    }
+    Ok(text.trim().to_owned())
 }
 
 /// The limits of the HTTP edge, on both listeners.

@@ -13,7 +13,7 @@ use clap::Parser;
 use store::EventStore;
 
 use crate::cli::{Cli, Command, OrderCommand};
-use crate::failure::{Failure, redact};
+use crate::failure::redact;
 use waybill::http;
 
 /// Replaces this process with the sibling binary `program` running `command ARGS` (as `cargo foo` runs
@@ -60,22 +60,18 @@ async fn main() -> ExitCode {
     let json = cli.json;
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => failure.report(json),
+        Err(error) => ops::report_failure(&error, false, json),
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Demo(handed) => Err(lab(&cli.database_url, "demo", handed.args, false).into()),
-        Command::Services(handed) => {
-            Err(lab(&cli.database_url, "services", handed.args, false).into())
-        }
-        Command::Load(handed) => Err(lab(&cli.database_url, "load", handed.args, cli.json).into()),
-        Command::Chaos(handed) => {
-            Err(lab(&cli.database_url, "chaos", handed.args, cli.json).into())
-        }
-        Command::Migrate => migrate::run(&cli.database_url, cli.json).await,
-        Command::Serve(args) => serve(&cli.database_url, args).await.map_err(Failure::from),
+        Command::Demo(handed) => Err(lab(&cli.database.url, "demo", handed.args, false)),
+        Command::Services(handed) => Err(lab(&cli.database.url, "services", handed.args, false)),
+        Command::Load(handed) => Err(lab(&cli.database.url, "load", handed.args, cli.json)),
+        Command::Chaos(handed) => Err(lab(&cli.database.url, "chaos", handed.args, cli.json)),
+        Command::Migrate => migrate::run(&cli.database.url, cli.json).await,
+        Command::Serve(args) => serve(&cli.database.url, args).await,
         Command::Schema(args) => {
             let document = if args.asyncapi {
                 catalog::asyncapi(&args.stream, &args.subject_prefix)
@@ -89,28 +85,26 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Outbox(command) => {
-            let pool = store::connect(&cli.database_url, "waybill-outbox", 2)
+            let pool = ops::database::connect(&cli.database.url, "waybill-outbox", 2)
                 .await
                 .with_context(|| {
                     format!(
                         "cannot connect to PostgreSQL at {}",
-                        redact(&cli.database_url)
+                        redact(&cli.database.url)
                     )
                 })?;
-            relay::cli::run_outbox(&pool, command, cli.json)
-                .await
-                .map_err(Failure::from)
+            relay::cli::run_outbox(&pool, command, cli.json).await
         }
-        Command::Roles(cli::RolesCommand::Create) => roles_create(&cli.database_url, cli.json)
-            .await
-            .map_err(Failure::from),
-        Command::Order(command) => order_command(&cli.database_url, command, cli.json).await,
+        Command::Roles(cli::RolesCommand::Create) => {
+            roles_create(&cli.database.url, cli.json).await
+        }
+        Command::Order(command) => order_command(&cli.database.url, command, cli.json).await,
     }
 }
 
 /// `waybill roles create`: the least-privilege group roles, and what was done.
 async fn roles_create(database_url: &str, json: bool) -> anyhow::Result<()> {
-    let pool = store::connect(database_url, "waybill-roles", 1)
+    let pool = ops::database::connect(database_url, "waybill-roles", 1)
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
     let done = store::roles::create_roles(&pool)
@@ -133,7 +127,7 @@ async fn roles_create(database_url: &str, json: bool) -> anyhow::Result<()> {
 
 /// `waybill serve`: the HTTP order service, and its metrics and health check on their own listener.
 async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
-    let pool = store::connect(database_url, "waybill-serve", 16)
+    let pool = ops::database::connect(database_url, "waybill-serve", 16)
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
     sqlx::query("SELECT 1 FROM events LIMIT 1")
@@ -153,7 +147,7 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
     let edge = args.edge.config();
     let api = ops::serve_with(
         args.listen,
-        http::router(store),
+        with_console(http::router(store), database_url, args.console).await?,
         ops::shutdown_signal(),
         edge,
     )
@@ -172,12 +166,43 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The order service's routes with the console's beside them (unless `--no-console`).
+async fn with_console(
+    api: axum::Router,
+    database_url: &str,
+    args: cli::ConsoleArgs,
+) -> anyhow::Result<axum::Router> {
+    if args.no_console {
+        return Ok(api);
+    }
+    // Its own small pool: a console left open must never take the order service's connections.
+    let pool = ops::database::connect(database_url, "waybill-console", 4)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
+    let nats = *args.nats;
+    tracing::info!(
+        nats = %nats.shown(),
+        stream = %args.stream,
+        actions = args.operator_token.is_some(),
+        relays_scraped = args.relay_metrics.len(),
+        "console at /console"
+    );
+    let config = waybill::console::ConsoleConfig {
+        nats: Some(nats),
+        stream: args.stream,
+        subject_prefix: args.subject_prefix,
+        operator_token: args.operator_token,
+        relay_metrics: args.relay_metrics,
+    };
+    Ok(api.merge(waybill::console::router(pool, config)))
+}
+
 async fn order_command(
     database_url: &str,
     command: OrderCommand,
     json: bool,
-) -> Result<(), Failure> {
-    let pool = store::connect(database_url, "waybill", 2)
+) -> anyhow::Result<()> {
+    let pool = ops::database::connect(database_url, "waybill", 2)
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
     let store = EventStore::new(pool.clone());

@@ -1,0 +1,146 @@
+// waybill console: refreshes the overview from /console/api/overview, draws its charts as inline
+// SVG, runs the operator's actions, and adds keyboard shortcuts. No libraries; every value from the
+// server is written with textContent or SVG attributes, never as HTML.
+"use strict";
+(function () {
+  const SERIES = ["events", "stream", "outbox", "inventory", "points", "search"];
+  const SVG = "http://www.w3.org/2000/svg";
+
+  function at(root, path) {
+    let here = root;
+    for (const key of path.split(".")) {
+      if (here === null || here === undefined) return null;
+      if (Array.isArray(here) && key === "length") return here.length;
+      here = here[key];
+    }
+    return here === undefined ? null : here;
+  }
+
+  function group(n) {
+    return Math.trunc(n).toString().replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+  }
+
+  function age(s) {
+    if (s < 60) return s.toFixed(1) + " s";
+    if (s < 3600) return Math.floor(s / 60) + " min " + Math.floor(s % 60) + " s";
+    return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
+  }
+
+  function bytes(n) {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let u = 0;
+    while (n >= 1024 && u < units.length - 1) { n /= 1024; u++; }
+    return u === 0 ? n.toFixed(0) + " B" : n.toFixed(1) + " " + units[u];
+  }
+
+  function show(format, v) {
+    if (v === null) return "—";
+    switch (format) {
+      case "count": return typeof v === "number" ? group(v) : String(v);
+      case "rate": return Number(v).toFixed(1) + "/s";
+      case "age": return age(Number(v));
+      case "bytes": return bytes(Number(v));
+      case "time": return typeof v === "string" && v.length >= 19 ? v.substring(11, 19) + " UTC" : String(v);
+      default: return typeof v === "string" ? v : JSON.stringify(v);
+    }
+  }
+
+  function truthy(v) {
+    return !(v === null || v === false || v === 0 || v === "");
+  }
+
+  function draw(svg, series) {
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    const w = 320, h = 110;
+    let t0 = Infinity, t1 = -Infinity, top = 1;
+    for (const points of Object.values(series)) {
+      for (const [t, v] of points) { t0 = Math.min(t0, t); t1 = Math.max(t1, t); top = Math.max(top, v); }
+    }
+    const label = document.createElementNS(SVG, "text");
+    label.setAttribute("class", "axis"); label.setAttribute("x", "2"); label.setAttribute("y", "10");
+    label.textContent = top.toFixed(0);
+    svg.appendChild(label);
+    if (!(t0 < t1)) return;
+    for (const [name, points] of Object.entries(series)) {
+      const line = document.createElementNS(SVG, "polyline");
+      line.setAttribute("class", "s-" + (SERIES.includes(name) ? name : "other"));
+      line.setAttribute("points", points.map(([t, v]) =>
+        ((t - t0) / (t1 - t0) * w).toFixed(1) + "," + (h - v / top * (h - 14) - 2).toFixed(1)).join(" "));
+      svg.appendChild(line);
+    }
+  }
+
+  function render(data) {
+    for (const el of document.querySelectorAll("[data-k]")) {
+      el.textContent = show(el.dataset.f, at(data, el.dataset.k));
+    }
+    for (const el of document.querySelectorAll("[data-when]")) el.hidden = !truthy(at(data, el.dataset.when));
+    for (const el of document.querySelectorAll("[data-unless]")) el.hidden = truthy(at(data, el.dataset.unless));
+    for (const svg of document.querySelectorAll("svg[data-chart]")) {
+      draw(svg, (data.series || {})[svg.dataset.chart] || {});
+    }
+  }
+
+  async function refresh() {
+    try {
+      const response = await fetch("/console/api/overview", { headers: { Accept: "application/json" } });
+      if (response.ok) {
+        render(await response.json());
+        document.body.classList.remove("stale");
+      }
+    } catch (_) {
+      document.body.classList.add("stale");
+    }
+  }
+
+  function actions() {
+    const input = document.querySelector("[data-token]");
+    const result = document.querySelector("[data-result]");
+    if (!input) return;
+    input.value = sessionStorage.getItem("waybill-operator-token") || "";
+    input.addEventListener("change", () => sessionStorage.setItem("waybill-operator-token", input.value));
+    for (const button of document.querySelectorAll("[data-replay]")) {
+      button.addEventListener("click", async () => {
+        const target = button.dataset.replay;
+        if (target === "all" && !confirm("Replay every dead row?")) return;
+        const response = await fetch("/console/api/outbox/dead/replay", {
+          method: "POST",
+          headers: { "Content-Type": "application/json", Authorization: "Bearer " + input.value },
+          body: JSON.stringify({ target: target }),
+        });
+        const body = await response.json().catch(() => ({}));
+        result.textContent = response.ok
+          ? "Replayed " + body.replayed + " row(s); reload to see the list."
+          : "Refused (" + response.status + "): " + (body.detail || "");
+      });
+    }
+  }
+
+  function keys() {
+    let pending = null;
+    document.addEventListener("keydown", (event) => {
+      const typing = /^(INPUT|TEXTAREA|SELECT)$/.test(event.target.tagName);
+      if (typing || event.ctrlKey || event.metaKey || event.altKey) return;
+      if (event.key === "/") {
+        event.preventDefault();
+        document.getElementById("find-order").focus();
+      } else if (pending === "g") {
+        const to = { p: "/console", c: "/console/catalog", d: "/console/outbox/dead" }[event.key];
+        pending = null;
+        if (to) location.href = to;
+      } else if (event.key === "g") {
+        pending = "g";
+        setTimeout(() => { pending = null; }, 1500);
+      }
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    keys();
+    actions();
+    if (document.querySelector("[data-k]")) {
+      refresh();
+      setInterval(refresh, 2000);
+    }
+  });
+})();

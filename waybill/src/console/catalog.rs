@@ -1,0 +1,192 @@
+//! `/console/catalog`: every `(event type, version)` that can exist in storage, with its JSON Schema
+//! and the upcast path to today's shape — from the same catalog `waybill schema` prints
+//! (`domain::catalog`) and the same registry every reader upcasts with (`domain::Upcasters`).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use domain::Upcasters;
+use domain::catalog::payload_schemas;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::Shared;
+use super::html::{self, Section, esc};
+
+/// One step of an upcast chain.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    /// The version read.
+    pub from: i32,
+    /// The version written.
+    pub to: i32,
+    /// The function that does it, when the console knows its name.
+    pub upcaster: String,
+}
+
+/// The steps from `version` of `event_type` to its current version: empty when it is current,
+/// `None` when the type is unknown or the version is outside 1..=current.
+///
+/// `Upcasters` applies its steps without naming them, so the chain is worked out here from the
+/// versions the registry declares: one step per version, as the registry applies them.
+pub fn chain(upcasters: &Upcasters, event_type: &str, version: i32) -> Option<Vec<Step>> {
+    let current = upcasters.current_version(event_type)?;
+    if version < 1 || version > current {
+        return None;
+    }
+    Some(
+        (version..current)
+            .map(|from| Step {
+                from,
+                to: from + 1,
+                upcaster: step_name(event_type, from),
+            })
+            .collect(),
+    )
+}
+
+/// The domain's name for a step; steps it does not name are described by their versions.
+fn step_name(event_type: &str, from: i32) -> String {
+    match (event_type, from) {
+        (domain::OrderEvent::PLACED, 1) => "domain::upcast::order_placed_v1_to_v2".to_owned(),
+        _ => format!("{event_type} v{from} → v{}", from + 1),
+    }
+}
+
+/// A chain as text: `v1 → v2 (step) → …`, or "current" when empty.
+pub fn describe(steps: &[Step]) -> String {
+    if steps.is_empty() {
+        return "current version: no upcast".to_owned();
+    }
+    steps
+        .iter()
+        .map(|s| format!("v{} → v{} by {}", s.from, s.to, s.upcaster))
+        .collect::<Vec<_>>()
+        .join(", then ")
+}
+
+/// One catalog entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry {
+    /// The event type.
+    pub event_type: &'static str,
+    /// The payload version.
+    pub event_version: i32,
+    /// The type's current version.
+    pub current_version: Option<i32>,
+    /// The upcast path to the current version.
+    pub upcast: Option<Vec<Step>>,
+    /// The payload's JSON Schema.
+    pub schema: Value,
+}
+
+fn entries() -> Vec<Entry> {
+    let upcasters = Upcasters::orders();
+    payload_schemas()
+        .into_iter()
+        .map(|s| Entry {
+            event_type: s.event_type,
+            event_version: s.event_version,
+            current_version: upcasters.current_version(s.event_type),
+            upcast: chain(&upcasters, s.event_type, s.event_version),
+            schema: s.schema,
+        })
+        .collect()
+}
+
+/// The anchor of an entry on the catalog page.
+pub fn anchor(event_type: &str, version: i32) -> String {
+    format!(
+        "{}-v{version}",
+        event_type.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    )
+}
+
+/// `GET /console/api/catalog`.
+pub async fn api() -> Json<Vec<Entry>> {
+    Json(entries())
+}
+
+/// `GET /console/catalog`.
+pub async fn page(State(console): State<Shared>) -> Response {
+    let entries = entries();
+    let mut body = String::from(
+        "<h1>Event catalog</h1><p class=\"lead\">Every event type and payload version that can exist \
+         in storage, with its JSON Schema (draft 2020-12) and how readers bring it to today's shape. \
+         The same catalog as <code>waybill schema</code>; as JSON at \
+         <a href=\"/console/api/catalog\">/console/api/catalog</a>.</p>\
+         <table class=\"grid\"><caption>Contents</caption><thead><tr><th scope=\"col\">Event type</th>\
+         <th scope=\"col\">Version</th><th scope=\"col\">Upcast path</th></tr></thead><tbody>",
+    );
+    for e in &entries {
+        body.push_str(&format!(
+            "<tr><td><a href=\"#{a}\">{t}</a></td><td>v{v}{cur}</td><td>{path}</td></tr>",
+            a = esc(&anchor(e.event_type, e.event_version)),
+            t = esc(e.event_type),
+            v = e.event_version,
+            cur = if e.current_version == Some(e.event_version) {
+                " <span class=\"badge ok\">current</span>"
+            } else {
+                ""
+            },
+            path = esc(&e
+                .upcast
+                .as_deref()
+                .map_or("no upcast known: readers refuse it".to_owned(), describe)),
+        ));
+    }
+    body.push_str("</tbody></table>");
+    for e in &entries {
+        body.push_str(&format!(
+            "<section class=\"card\" id=\"{a}\" aria-labelledby=\"{a}-h\"><h2 id=\"{a}-h\">{t} \
+             <span class=\"muted\">v{v}</span></h2><p>{path}</p>\
+             <details open><summary>JSON Schema</summary><pre class=\"json\">{schema}</pre></details>\
+             </section>",
+            a = esc(&anchor(e.event_type, e.event_version)),
+            t = esc(e.event_type),
+            v = e.event_version,
+            path = esc(&e
+                .upcast
+                .as_deref()
+                .map_or("no upcast known".to_owned(), describe)),
+            schema = html::json_block(&e.schema),
+        ));
+    }
+    html::respond(
+        StatusCode::OK,
+        html::page("Catalog", Section::Catalog, console.operator(), &body),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_legacy_placed_event_upcasts_in_one_named_step() {
+        let upcasters = Upcasters::orders();
+        let steps = chain(&upcasters, "order.placed", 1).expect("known");
+        assert_eq!(steps.len(), 1);
+        assert!(describe(&steps).contains("order_placed_v1_to_v2"));
+        assert!(
+            chain(&upcasters, "order.placed", 2)
+                .expect("current")
+                .is_empty()
+        );
+        assert!(chain(&upcasters, "order.placed", 3).is_none());
+        assert!(chain(&upcasters, "order.teleported", 1).is_none());
+    }
+
+    #[test]
+    fn every_cataloged_version_has_a_path_to_the_current_one() {
+        for entry in entries() {
+            assert!(
+                entry.upcast.is_some(),
+                "{} v{}",
+                entry.event_type,
+                entry.event_version
+            );
+        }
+    }
+}

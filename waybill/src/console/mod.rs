@@ -1,0 +1,161 @@
+//! The console (`/console` on `waybill serve`): the pipeline live in a browser — commands, events,
+//! outbox, relays, stream, projections — every order's events as stored and as upcast, and the event
+//! catalog. Pages are rendered on the server (readable before, and without, the script); the script
+//! refreshes the overview from `/console/api/overview` every two seconds and draws its charts. All
+//! assets are compiled into the binary. State-changing actions exist only when the service has an
+//! operator token, and then require it.
+
+mod actions;
+mod assets;
+mod catalog;
+mod html;
+mod lists;
+mod order;
+mod overview;
+mod pipeline;
+mod prometheus;
+mod readside;
+mod relays;
+mod stream;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use sqlx::PgPool;
+use tokio::sync::Mutex;
+
+use pipeline::{History, Snapshot};
+pub use relays::MetricsUrl;
+use stream::StreamSource;
+
+/// How often the pipeline is sampled while someone watches.
+const SAMPLE_EVERY: Duration = Duration::from_secs(2);
+
+/// Sampling stops this long after the console was last viewed: counting events exactly is not free,
+/// and nobody needs the charts of an unwatched console.
+const WATCH_FOR: Duration = Duration::from_secs(15 * 60);
+
+/// How the console is set up.
+#[derive(Debug, Clone)]
+pub struct ConsoleConfig {
+    /// The NATS server, if the stream should be shown (the console works without it).
+    pub nats: Option<ops::NatsConnection>,
+    /// The JetStream stream.
+    pub stream: String,
+    /// The subject prefix (an order's messages are on `<prefix>.order.<id>`).
+    pub subject_prefix: String,
+    /// The operator token; without one, nothing in the console changes state.
+    pub operator_token: Option<String>,
+    /// The relays' metrics endpoints, scraped with each sample for the counters only the relays
+    /// keep (duplicate PubAcks, fenced publishes).
+    pub relay_metrics: Vec<MetricsUrl>,
+}
+
+/// The console's shared state.
+#[derive(Debug)]
+struct Console {
+    pool: PgPool,
+    stream: StreamSource,
+    token: Option<actions::Token>,
+    history: Mutex<History>,
+    relay_metrics: Vec<MetricsUrl>,
+    /// When a page or the overview API was last requested (Unix milliseconds).
+    last_view: AtomicI64,
+}
+
+type Shared = Arc<Console>;
+
+impl Console {
+    /// Whether state-changing actions exist.
+    fn operator(&self) -> bool {
+        self.token.is_some()
+    }
+
+    fn viewed(&self) {
+        self.last_view
+            .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
+    }
+
+    fn watched(&self) -> bool {
+        let since = chrono::Utc::now().timestamp_millis() - self.last_view.load(Ordering::Relaxed);
+        since < WATCH_FOR.as_millis() as i64
+    }
+
+    /// The latest snapshot, taken now if the last one is older than a sampling period. Concurrent
+    /// viewers share one reading (the history's lock is held while it is taken).
+    async fn snapshot(&self) -> (Snapshot, pipeline::Series) {
+        self.viewed();
+        let mut history = self.history.lock().await;
+        let fresh = history.latest().is_some_and(|s| {
+            (chrono::Utc::now() - s.taken_at).num_milliseconds() < SAMPLE_EVERY.as_millis() as i64
+        });
+        let snapshot = match (fresh, history.latest()) {
+            (true, Some(latest)) => latest.clone(),
+            _ => {
+                let taken = Snapshot::take(&self.pool, &self.stream, &self.relay_metrics).await;
+                history.push(taken)
+            }
+        };
+        (snapshot, history.series())
+    }
+}
+
+/// The console's routes, all under `/console`. Spawns the sampler and (with NATS) the connection to
+/// NATS, so it must be called inside the Tokio runtime.
+pub fn router(pool: PgPool, config: ConsoleConfig) -> Router {
+    let console = Arc::new(Console {
+        pool,
+        stream: StreamSource::start(config.nats, config.stream, config.subject_prefix),
+        token: config.operator_token.map(actions::Token::new),
+        history: Mutex::new(History::default()),
+        relay_metrics: config.relay_metrics,
+        last_view: AtomicI64::new(i64::MIN / 2),
+    });
+    tokio::spawn(sample(Arc::downgrade(&console)));
+    Router::new()
+        .route("/console", get(overview::page))
+        .route("/console/", get(overview::page))
+        .route("/console/orders", get(order::find))
+        .route("/console/orders/{id}", get(order::page))
+        .route("/console/catalog", get(catalog::page))
+        .route("/console/outbox/dead", get(lists::dead))
+        .route("/console/projections/{name}/parked", get(lists::parked))
+        .route("/console/projections/{name}/held", get(lists::held))
+        .route("/console/assets/{file}", get(assets::serve))
+        .route("/console/api/overview", get(overview::api))
+        .route("/console/api/orders/{id}", get(order::api))
+        .route("/console/api/catalog", get(catalog::api))
+        .route(
+            "/console/api/outbox/dead/replay",
+            post(actions::replay_dead),
+        )
+        .layer(DefaultBodyLimit::max(4 * 1024))
+        .with_state(console)
+}
+
+/// Samples the pipeline every [`SAMPLE_EVERY`] while the console is watched, so the charts have the
+/// last minutes even between page loads; ends when the router is dropped.
+async fn sample(console: std::sync::Weak<Console>) {
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(console) = console.upgrade() else {
+            return;
+        };
+        if !console.watched() {
+            continue;
+        }
+        let taken = Snapshot::take(&console.pool, &console.stream, &console.relay_metrics).await;
+        tracing::debug!(
+            events = taken.events.stored,
+            stream_available = taken.stream.available,
+            "console sampled the pipeline"
+        );
+        console.history.lock().await.push(taken);
+    }
+}

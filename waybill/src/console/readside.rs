@@ -1,0 +1,285 @@
+//! What the console reads from the projections' schemas (`inventory`, `points`, `search`): their
+//! checkpoints, held and parked tables, by schema-qualified SQL. The order service does not link the
+//! projections (ARCHITECTURE.md), so this reads their documented tables (DESIGN.md, "Storage
+//! contract") and nothing else. A projection may keep its schema in another database; then its schema
+//! is absent here and the console says so instead of failing.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, PgPool, Row};
+use uuid::Uuid;
+
+/// The projections, by schema (= consumer, = binary suffix) name.
+pub const PROJECTIONS: [&str; 3] = ["inventory", "points", "search"];
+
+/// One of [`PROJECTIONS`], or `None`: only these names are ever spliced into SQL.
+pub fn known(name: &str) -> Option<&'static str> {
+    PROJECTIONS.iter().copied().find(|p| *p == name)
+}
+
+/// A projection's state as its tables tell it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProjectionState {
+    /// The projection.
+    pub name: &'static str,
+    /// Whether its schema exists in this database.
+    pub found: bool,
+    /// Why it could not be read, when it could not.
+    pub error: Option<String>,
+    /// Orders it has a checkpoint for.
+    pub orders: i64,
+    /// Events applied: the sum of the checkpoints' versions (an operator's `held release` that
+    /// skipped a missing version counts it too).
+    pub applied: i64,
+    /// When a checkpoint last moved.
+    pub last_applied_at: Option<DateTime<Utc>>,
+    /// Events waiting for a predecessor.
+    pub held: i64,
+    /// Orders with held events.
+    pub held_orders: i64,
+    /// Parked messages neither redriven nor discarded.
+    pub parked: i64,
+}
+
+impl ProjectionState {
+    fn empty(name: &'static str) -> Self {
+        Self {
+            name,
+            found: false,
+            error: None,
+            orders: 0,
+            applied: 0,
+            last_applied_at: None,
+            held: 0,
+            held_orders: 0,
+            parked: 0,
+        }
+    }
+}
+
+/// Whether `schema` (one of [`PROJECTIONS`]) exists with its checkpoints table.
+async fn exists(pool: &PgPool, schema: &'static str) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(format!("\"{schema}\".checkpoints"))
+        .fetch_one(pool)
+        .await
+}
+
+/// Reads one projection's state; never fails (the error is part of the state).
+pub async fn state(pool: &PgPool, name: &'static str) -> ProjectionState {
+    let mut state = ProjectionState::empty(name);
+    match read_state(pool, name, &mut state).await {
+        Ok(()) => {}
+        Err(error) => {
+            tracing::warn!(projection = name, %error, "console cannot read a projection's tables");
+            state.error = Some(error.to_string());
+        }
+    }
+    state
+}
+
+async fn read_state(
+    pool: &PgPool,
+    name: &'static str,
+    state: &mut ProjectionState,
+) -> sqlx::Result<()> {
+    if !exists(pool, name).await? {
+        return Ok(());
+    }
+    state.found = true;
+    let row = sqlx::query(AssertSqlSafe(format!(
+        "SELECT (SELECT count(*) FROM \"{name}\".checkpoints) AS orders,
+                (SELECT coalesce(sum(version), 0)::int8 FROM \"{name}\".checkpoints) AS applied,
+                (SELECT max(updated_at) FROM \"{name}\".checkpoints) AS last_applied_at,
+                (SELECT count(*) FROM \"{name}\".held) AS held,
+                (SELECT count(DISTINCT aggregate_id) FROM \"{name}\".held) AS held_orders,
+                (SELECT count(*) FROM \"{name}\".parked
+                  WHERE redriven_at IS NULL AND discarded_at IS NULL) AS parked"
+    )))
+    .fetch_one(pool)
+    .await?;
+    state.orders = row.try_get("orders")?;
+    state.applied = row.try_get("applied")?;
+    state.last_applied_at = row.try_get("last_applied_at")?;
+    state.held = row.try_get("held")?;
+    state.held_orders = row.try_get("held_orders")?;
+    state.parked = row.try_get("parked")?;
+    Ok(())
+}
+
+/// What one projection knows of one order.
+#[derive(Debug, Clone, Serialize)]
+pub struct OrderMarks {
+    /// The projection.
+    pub name: &'static str,
+    /// Whether its schema exists in this database.
+    pub found: bool,
+    /// Why it could not be read.
+    pub error: Option<String>,
+    /// The order's checkpoint: every version up to it is applied (None: nothing applied yet).
+    pub checkpoint: Option<i64>,
+    /// Versions held, waiting for a predecessor.
+    pub held: Vec<i64>,
+    /// Open parked messages of this order: (parked id, version if known, reason).
+    pub parked: Vec<(i64, Option<i64>, String)>,
+}
+
+impl OrderMarks {
+    /// What this projection says of `version`: applied, held, parked or not (yet) applied.
+    pub fn verdict(&self, version: i64) -> (&'static str, String) {
+        if !self.found {
+            return ("not found", "its schema is not in this database".to_owned());
+        }
+        if let Some(error) = &self.error {
+            return ("unknown", error.clone());
+        }
+        if self.checkpoint.is_some_and(|c| version <= c) {
+            return ("applied", "applied (at or below its checkpoint)".to_owned());
+        }
+        if let Some((id, _, reason)) = self.parked.iter().find(|p| p.1 == Some(version)) {
+            return ("parked", format!("parked as #{id}: {reason}"));
+        }
+        if self.held.contains(&version) {
+            return ("held", "held, waiting for an earlier version".to_owned());
+        }
+        ("pending", "not applied yet".to_owned())
+    }
+}
+
+/// Reads what `name` knows of `order`; never fails.
+pub async fn order_marks(pool: &PgPool, name: &'static str, order: Uuid) -> OrderMarks {
+    let mut marks = OrderMarks {
+        name,
+        found: false,
+        error: None,
+        checkpoint: None,
+        held: Vec::new(),
+        parked: Vec::new(),
+    };
+    if let Err(error) = read_marks(pool, name, order, &mut marks).await {
+        marks.error = Some(error.to_string());
+    }
+    marks
+}
+
+async fn read_marks(
+    pool: &PgPool,
+    name: &'static str,
+    order: Uuid,
+    marks: &mut OrderMarks,
+) -> sqlx::Result<()> {
+    if !exists(pool, name).await? {
+        return Ok(());
+    }
+    marks.found = true;
+    marks.checkpoint = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT version FROM \"{name}\".checkpoints WHERE aggregate_id = $1"
+    )))
+    .bind(order)
+    .fetch_optional(pool)
+    .await?;
+    marks.held = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT version FROM \"{name}\".held WHERE aggregate_id = $1 ORDER BY version"
+    )))
+    .bind(order)
+    .fetch_all(pool)
+    .await?;
+    marks.parked = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, aggregate_version, reason FROM \"{name}\".parked
+         WHERE aggregate_id = $1 AND redriven_at IS NULL AND discarded_at IS NULL ORDER BY id"
+    )))
+    .bind(order)
+    .fetch_all(pool)
+    .await?;
+    Ok(())
+}
+
+/// An open parked message, as the list shows it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ParkedRow {
+    /// Its id in the parked table.
+    pub id: i64,
+    /// Where it sat in the stream.
+    pub stream_sequence: Option<i64>,
+    /// Its subject.
+    pub subject: String,
+    /// Why it was parked.
+    pub reason: String,
+    /// The event, the order and the version it claims, when readable.
+    pub event_id: Option<Uuid>,
+    /// The order.
+    pub aggregate_id: Option<Uuid>,
+    /// The version.
+    pub aggregate_version: Option<i64>,
+    /// When.
+    pub parked_at: DateTime<Utc>,
+    /// Size of the whole body.
+    pub body_size: i64,
+    /// The first 2 KiB of the body (the parked table keeps up to 64 KiB).
+    pub body: Vec<u8>,
+}
+
+/// Open parked messages of `name`, newest first; `Ok(None)` when its schema is absent.
+pub async fn parked(
+    pool: &PgPool,
+    name: &'static str,
+    limit: i64,
+) -> sqlx::Result<Option<Vec<ParkedRow>>> {
+    if !exists(pool, name).await? {
+        return Ok(None);
+    }
+    sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, stream_sequence, subject, reason, event_id, aggregate_id, aggregate_version,
+                parked_at, body_size, substring(body FROM 1 FOR 2048) AS body
+         FROM \"{name}\".parked
+         WHERE redriven_at IS NULL AND discarded_at IS NULL
+         ORDER BY id DESC LIMIT $1"
+    )))
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+    .map(Some)
+}
+
+/// A held event, with what it waits for.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct HeldRow {
+    /// The order.
+    pub aggregate_id: Uuid,
+    /// The held version.
+    pub version: i64,
+    /// Its event.
+    pub event_id: Uuid,
+    /// Since when.
+    pub held_at: DateTime<Utc>,
+    /// The version the order's checkpoint waits for.
+    pub waiting_for: i64,
+    /// An open parked message at that version, if that is what holds it back.
+    pub behind_parked: Option<i64>,
+}
+
+/// Held events of `name` by order and version; `Ok(None)` when its schema is absent.
+pub async fn held(
+    pool: &PgPool,
+    name: &'static str,
+    limit: i64,
+) -> sqlx::Result<Option<Vec<HeldRow>>> {
+    if !exists(pool, name).await? {
+        return Ok(None);
+    }
+    sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT h.aggregate_id, h.version, h.event_id, h.held_at,
+                coalesce(c.version, 0) + 1 AS waiting_for,
+                (SELECT p.id FROM \"{name}\".parked p
+                  WHERE p.aggregate_id = h.aggregate_id AND p.aggregate_version = coalesce(c.version, 0) + 1
+                    AND p.redriven_at IS NULL AND p.discarded_at IS NULL
+                  ORDER BY p.id LIMIT 1) AS behind_parked
+         FROM \"{name}\".held h
+         LEFT JOIN \"{name}\".checkpoints c ON c.aggregate_id = h.aggregate_id
+         ORDER BY h.aggregate_id, h.version LIMIT $1"
+    )))
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+    .map(Some)
+}
