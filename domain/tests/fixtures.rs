@@ -2,29 +2,11 @@
 //! under `domain/fixtures/`, and each must upcast and decode with today's code.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 
-use domain::{EventEnvelope, OrderEvent, Upcasters};
+use domain::{OrderEvent, Upcasters};
 
-fn fixtures() -> Vec<(String, EventEnvelope)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures");
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(&dir).expect("fixtures folder exists") {
-        let path = entry.expect("readable entry").path();
-        if path.extension().is_some_and(|e| e == "json") {
-            let name = path
-                .file_name()
-                .expect("file name")
-                .to_string_lossy()
-                .into_owned();
-            let bytes = std::fs::read(&path).expect("readable fixture");
-            let envelope = EventEnvelope::from_json(&bytes)
-                .unwrap_or_else(|e| panic!("{name} is not an envelope: {e}"));
-            found.push((name, envelope));
-        }
-    }
-    found
-}
+mod common;
+use common::fixtures;
 
 #[test]
 fn every_version_that_can_exist_has_a_fixture() {

@@ -11,6 +11,9 @@ use domain::catalog::payload_schemas;
 use domain::{EventEnvelope, Upcasters};
 use serde_json::{Value, json};
 
+mod common;
+use common::fixtures;
+
 /// The only draft the catalog writes; the validator is pinned to it rather than guessing.
 const DRAFT_2020_12: &str = "https://json-schema.org/draft/2020-12/schema";
 
@@ -27,28 +30,6 @@ fn committed(event_type: &str, version: i32) -> Option<Value> {
     let path = dir("schemas").join(format!("{event_type}.v{version}.schema.json"));
     let text = std::fs::read_to_string(path).ok()?;
     Some(serde_json::from_str(&text).expect("a committed schema is JSON"))
-}
-
-/// Every fixture as `(file name, envelope)`, in name order so failures read the same on every run.
-fn fixtures() -> Vec<(String, EventEnvelope)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir("fixtures")).expect("fixtures folder exists") {
-        let path = entry.expect("readable entry").path();
-        if path.extension().is_some_and(|e| e == "json") {
-            let name = path
-                .file_name()
-                .expect("file name")
-                .to_string_lossy()
-                .into_owned();
-            let bytes = std::fs::read(&path).expect("readable fixture");
-            let envelope = EventEnvelope::from_json(&bytes)
-                .unwrap_or_else(|e| panic!("domain/fixtures/{name} is not an envelope: {e}"));
-            found.push((name, envelope));
-        }
-    }
-    found.sort_by(|a, b| a.0.cmp(&b.0));
-    assert!(!found.is_empty(), "domain/fixtures/ holds no fixture");
-    found
 }
 
 fn fixture(name: &str) -> EventEnvelope {

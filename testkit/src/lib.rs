@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use domain::{Currency, CustomerId, OrderCommand, OrderId, OrderLine, PayOrder, PlaceOrder};
+use domain::{
+    Currency, CustomerId, EventEnvelope, OrderCommand, OrderId, OrderLine, PayOrder, PlaceOrder,
+};
 use sqlx::PgPool;
 use store::{CommandContext, EventStore};
 use uuid::Uuid;
@@ -92,6 +94,24 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// An `order.placed` v1 for a new order: the legacy shape (an order number and an amount, before
+/// currency and lines existed), as an import from the old system writes it. Appended with
+/// `store::append`, it bypasses the domain, so only the upcaster can make sense of it.
+pub fn legacy_placed(order: Uuid) -> EventEnvelope {
+    EventEnvelope {
+        event_id: Uuid::now_v7(),
+        event_type: "order.placed".into(),
+        event_version: 1,
+        aggregate_type: "order".into(),
+        aggregate_id: order,
+        aggregate_version: 1,
+        occurred_at: chrono::Utc::now(),
+        correlation_id: None,
+        causation_id: None,
+        payload: serde_json::json!({"order_no": "A-1001", "amount_cents": 4200}),
+    }
 }
 
 /// Asserts that no ": "-separated clause of a printed error chain appears twice (a message that quotes

@@ -176,9 +176,16 @@ async fn with_console(
         return Ok(api);
     }
     // Its own small pool: a console left open must never take the order service's connections.
-    let pool = ops::database::connect(database_url, "waybill-console", 4)
-        .await
-        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
+    // The statement timeout bounds each sample's queries: on a slow database, samples fail (and
+    // say so) instead of piling up behind one another on the pool's few connections.
+    let pool = ops::database::connect_with(
+        database_url,
+        "waybill-console",
+        4,
+        &[("statement_timeout", "5s".to_owned())],
+    )
+    .await
+    .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
     let nats = *args.nats;
     tracing::info!(
         nats = %nats.shown(),

@@ -16,8 +16,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use async_nats::jetstream;
-use chrono::Utc;
-use domain::EventEnvelope;
 use projections::{Inventory, Points, Projection, Search};
 use serde_json::json;
 use sqlx::PgPool;
@@ -288,18 +286,7 @@ async fn fresh_database(services: &Services, name: &str, url: &str) -> anyhow::R
 /// system would: the event and its outbox row in one statement.
 async fn legacy_order(pool: &PgPool) -> anyhow::Result<Uuid> {
     let order = Uuid::now_v7();
-    let envelope = EventEnvelope {
-        event_id: Uuid::now_v7(),
-        event_type: "order.placed".into(),
-        event_version: 1,
-        aggregate_type: "order".into(),
-        aggregate_id: order,
-        aggregate_version: 1,
-        occurred_at: Utc::now(),
-        correlation_id: None,
-        causation_id: None,
-        payload: json!({"order_no": "A-1001", "amount_cents": 4200}),
-    };
+    let envelope = testkit::legacy_placed(order);
     store::append(
         pool,
         order,

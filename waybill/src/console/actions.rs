@@ -18,7 +18,7 @@ use serde_json::json;
 
 use super::Shared;
 
-/// The operator token.
+/// The operator token, kept as bytes for the constant-time comparison and never printed.
 pub struct Token(Vec<u8>);
 
 impl std::fmt::Debug for Token {
@@ -28,7 +28,6 @@ impl std::fmt::Debug for Token {
 }
 
 impl Token {
-    /// Wraps the configured token.
     pub fn new(token: String) -> Self {
         Self(token.into_bytes())
     }
@@ -39,7 +38,10 @@ impl Token {
         let Some(given) = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            // The scheme is case-insensitive (RFC 9110, section 11.1); the token is not.
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("Bearer"))
+            .map(|(_, token)| token)
         else {
             return false;
         };

@@ -28,7 +28,7 @@ use axum::routing::{get, post};
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
-use pipeline::{History, Snapshot};
+use pipeline::{EventCounter, History, Snapshot};
 pub use relays::MetricsUrl;
 use stream::StreamSource;
 
@@ -44,7 +44,7 @@ const WATCH_FOR: Duration = Duration::from_secs(15 * 60);
 pub struct ConsoleConfig {
     /// The NATS server, if the stream should be shown (the console works without it).
     pub nats: Option<ops::NatsConnection>,
-    /// The JetStream stream.
+    /// The JetStream stream the relays publish to, read for its state and each order's copies.
     pub stream: String,
     /// The subject prefix (an order's messages are on `<prefix>.order.<id>`).
     pub subject_prefix: String,
@@ -62,6 +62,7 @@ struct Console {
     stream: StreamSource,
     token: Option<actions::Token>,
     history: Mutex<History>,
+    events: EventCounter,
     relay_metrics: Vec<MetricsUrl>,
     /// When a page or the overview API was last requested (Unix milliseconds).
     last_view: AtomicI64,
@@ -96,7 +97,9 @@ impl Console {
         let snapshot = match (fresh, history.latest()) {
             (true, Some(latest)) => latest.clone(),
             _ => {
-                let taken = Snapshot::take(&self.pool, &self.stream, &self.relay_metrics).await;
+                let taken =
+                    Snapshot::take(&self.pool, &self.events, &self.stream, &self.relay_metrics)
+                        .await;
                 history.push(taken)
             }
         };
@@ -112,6 +115,7 @@ pub fn router(pool: PgPool, config: ConsoleConfig) -> Router {
         stream: StreamSource::start(config.nats, config.stream, config.subject_prefix),
         token: config.operator_token.map(actions::Token::new),
         history: Mutex::new(History::default()),
+        events: EventCounter::default(),
         relay_metrics: config.relay_metrics,
         last_view: AtomicI64::new(i64::MIN / 2),
     });
@@ -150,9 +154,15 @@ async fn sample(console: std::sync::Weak<Console>) {
         if !console.watched() {
             continue;
         }
-        let taken = Snapshot::take(&console.pool, &console.stream, &console.relay_metrics).await;
+        let taken = Snapshot::take(
+            &console.pool,
+            &console.events,
+            &console.stream,
+            &console.relay_metrics,
+        )
+        .await;
         tracing::debug!(
-            events = taken.events.stored,
+            events = ?taken.events.stored,
             stream_available = taken.stream.available,
             "console sampled the pipeline"
         );

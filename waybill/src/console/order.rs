@@ -28,9 +28,7 @@ const MAX_EVENTS: i64 = 500;
 pub struct TimelineEvent {
     /// Insertion number in `events`.
     pub position: i64,
-    /// The event.
     pub event_id: Uuid,
-    /// Its type.
     pub event_type: String,
     /// The payload version it was stored with.
     pub stored_version: i32,
@@ -78,10 +76,9 @@ pub struct OutboxView {
     pub last_error: Option<String>,
 }
 
-/// The whole timeline.
+/// An order's events with, for each, its outbox row, its stream copy and each projection's verdict.
 #[derive(Debug, Clone, Serialize)]
 pub struct Timeline {
-    /// The order.
     pub order_id: Uuid,
     /// Its events, oldest first.
     pub events: Vec<TimelineEvent>,
@@ -98,12 +95,15 @@ pub struct Timeline {
 }
 
 async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Error> {
+    // The outbox is joined on (aggregate_id, aggregate_version), its unique index: `event_id` has
+    // none there, and joining on it would scan the whole outbox for every order looked at.
     let rows = sqlx::query(
         "SELECT e.position, e.event_id, e.event_type, e.event_version, e.aggregate_version,
                 e.occurred_at, e.recorded_at, e.payload::text AS stored_payload, e.payload,
                 o.status, o.attempts, o.stream_seq, o.sent_at, coalesce(o.dead_reason, o.last_error) AS error,
                 o.id IS NOT NULL AS has_outbox
-         FROM events e LEFT JOIN outbox o ON o.event_id = e.event_id
+         FROM events e LEFT JOIN outbox o
+              ON o.aggregate_id = e.aggregate_id AND o.aggregate_version = e.aggregate_version
          WHERE e.aggregate_id = $1 ORDER BY e.aggregate_version LIMIT $2",
     )
     .bind(order)

@@ -4,10 +4,12 @@
 //! process writing or reading the pipeline, not only this one.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
+use tokio::sync::Mutex;
 
 use super::readside::{self, PROJECTIONS, ProjectionState};
 use super::relays::{self, MetricsUrl, RelayMetricsView};
@@ -19,11 +21,11 @@ pub const HISTORY_LEN: usize = 300;
 /// Rates are measured over (about) this many seconds, so one slow sample does not make them jump.
 const RATE_WINDOW_S: f64 = 10.0;
 
-/// The event store.
+/// How the console's overview sees `events`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct EventsView {
-    /// Rows in `events`.
-    pub stored: i64,
+    /// Rows in `events`; `None` when they could not be counted (never a misleading 0).
+    pub stored: Option<i64>,
     /// When the newest was recorded.
     pub last_recorded_at: Option<DateTime<Utc>>,
     /// Why they could not be counted.
@@ -33,7 +35,8 @@ pub struct EventsView {
 /// What the database knows of the relays.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RelayView {
-    /// Relay sessions connected to this database (`application_name` `waybill-relay …`).
+    /// Relays connected to this database: distinct `application_name`s `waybill-relay <id>`, since
+    /// each relay opens a pool of several sessions under one name.
     pub connected: Option<i64>,
     /// When a row was last marked sent (from the outbox's newest rows).
     pub last_sent_at: Option<DateTime<Utc>>,
@@ -51,8 +54,8 @@ pub struct ProjectionView {
     pub consumer: Option<ConsumerView>,
     /// Messages of the stream it has not settled (undelivered + unacknowledged), when known.
     pub behind_stream: Option<u64>,
-    /// Events stored but not applied by it (stored − applied).
-    pub behind_store: i64,
+    /// Events stored but not applied by it (stored − applied), when both could be read.
+    pub behind_store: Option<i64>,
 }
 
 /// Rates over the last seconds, when two samples exist.
@@ -66,22 +69,17 @@ pub struct Rates {
     pub applied_per_s: BTreeMap<&'static str, f64>,
 }
 
-/// The pipeline at one moment.
+/// The pipeline at one moment; each part that could not be read carries why instead of zeros.
 #[derive(Debug, Clone, Serialize)]
 pub struct Snapshot {
-    /// When it was read.
     pub taken_at: DateTime<Utc>,
-    /// The event store.
     pub events: EventsView,
     /// The outbox, as `waybill outbox status` reports it.
     pub outbox: Option<relay::admin::OutboxStatus>,
-    /// Why the outbox could not be read.
     pub outbox_error: Option<String>,
-    /// The relays.
     pub relay: RelayView,
-    /// The stream.
     pub stream: StreamView,
-    /// The projections, in [`PROJECTIONS`] order.
+    /// In [`PROJECTIONS`] order.
     pub projections: Vec<ProjectionView>,
     /// Rates from the history (filled in by [`History::push`]).
     pub rates: Rates,
@@ -90,17 +88,24 @@ pub struct Snapshot {
 impl Snapshot {
     /// Reads everything, and scrapes the relays' metrics at `relays`; parts that cannot be read say
     /// why.
-    pub async fn take(pool: &PgPool, stream: &StreamSource, relays: &[MetricsUrl]) -> Self {
+    pub async fn take(
+        pool: &PgPool,
+        counter: &EventCounter,
+        stream: &StreamSource,
+        relays: &[MetricsUrl],
+    ) -> Self {
         // Scraped while the database and the stream are read: a relay that does not answer costs
         // the sample its timeout at most, not its timeout on top of the rest.
-        let (scraped, mut snapshot) =
-            tokio::join!(relays::scrape_all(relays), Self::read(pool, stream));
+        let (scraped, mut snapshot) = tokio::join!(
+            relays::scrape_all(relays),
+            Self::read(pool, counter, stream)
+        );
         snapshot.relay.metrics = scraped;
         snapshot
     }
 
-    async fn read(pool: &PgPool, stream: &StreamSource) -> Self {
-        let events = read_events(pool).await;
+    async fn read(pool: &PgPool, counter: &EventCounter, stream: &StreamSource) -> Self {
+        let events = counter.read(pool).await;
         let (outbox, outbox_error) = match relay::admin::status(pool, false).await {
             Ok(status) => (Some(status), None),
             Err(error) => {
@@ -116,7 +121,10 @@ impl Snapshot {
             let consumer = stream.consumers.iter().find(|c| c.name == name).cloned();
             let behind_stream = consumer.as_ref().filter(|c| c.found).map(ConsumerView::lag);
             projections.push(ProjectionView {
-                behind_store: (events.stored - state.applied).max(0),
+                behind_store: events
+                    .stored
+                    .zip(state.applied)
+                    .map(|(stored, applied)| (stored - applied).max(0)),
                 state,
                 consumer,
                 behind_stream,
@@ -135,33 +143,87 @@ impl Snapshot {
     }
 }
 
-async fn read_events(pool: &PgPool) -> EventsView {
-    // An exact count: the console promises the number of stored events, and it is only sampled
-    // while someone watches (see `Console::watched`).
-    let read = sqlx::query_as::<_, (i64, Option<DateTime<Utc>>)>(
-        "SELECT count(*), (SELECT recorded_at FROM events ORDER BY position DESC LIMIT 1) FROM events",
-    )
-    .fetch_one(pool)
-    .await;
-    match read {
-        Ok((stored, last_recorded_at)) => EventsView {
-            stored,
-            last_recorded_at,
-            error: None,
-        },
-        Err(error) => {
-            tracing::warn!(%error, "console cannot count events");
-            EventsView {
-                error: Some(error.to_string()),
-                ..EventsView::default()
+/// A row may commit after rows with higher positions (identity values are taken before commit), so
+/// positions are only trusted as a boundary once this old: no append transaction runs this long.
+const SETTLE_AFTER: Duration = Duration::from_secs(60);
+
+/// Counts `events` incrementally. Events are append-only (a trigger forbids deletes), so the rows up
+/// to a settled position never change: each sample counts only the rows above it, which by the
+/// primary key is a short range scan instead of a full count of an ever-growing table.
+#[derive(Debug, Default)]
+pub struct EventCounter {
+    state: Mutex<CounterState>,
+}
+
+#[derive(Debug, Default)]
+struct CounterState {
+    /// Rows with `position <= settled_position`, counted once and final.
+    settled_position: i64,
+    settled_count: i64,
+    /// The highest position seen by an earlier sample, and when: it becomes the settled boundary
+    /// once [`SETTLE_AFTER`] has passed, so late commits below it are still counted.
+    candidate: Option<(Instant, i64)>,
+}
+
+impl EventCounter {
+    async fn read(&self, pool: &PgPool) -> EventsView {
+        let mut state = self.state.lock().await;
+        match Self::count(pool, &mut state).await {
+            Ok((stored, last_recorded_at)) => EventsView {
+                stored: Some(stored),
+                last_recorded_at,
+                error: None,
+            },
+            Err(error) => {
+                tracing::warn!(%error, "console cannot count events");
+                EventsView {
+                    error: Some(error.to_string()),
+                    ..EventsView::default()
+                }
             }
         }
+    }
+
+    async fn count(
+        pool: &PgPool,
+        state: &mut CounterState,
+    ) -> sqlx::Result<(i64, Option<DateTime<Utc>>)> {
+        if let Some((seen_at, position)) = state.candidate
+            && seen_at.elapsed() >= SETTLE_AFTER
+        {
+            let settled: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM events WHERE position > $1 AND position <= $2",
+            )
+            .bind(state.settled_position)
+            .bind(position)
+            .fetch_one(pool)
+            .await?;
+            state.settled_count += settled;
+            state.settled_position = position;
+            state.candidate = None;
+        }
+        let (above, newest, last_recorded_at) =
+            sqlx::query_as::<_, (i64, Option<i64>, Option<DateTime<Utc>>)>(
+                "SELECT count(*), max(position),
+                        (SELECT recorded_at FROM events ORDER BY position DESC LIMIT 1)
+                 FROM events WHERE position > $1",
+            )
+            .bind(state.settled_position)
+            .fetch_one(pool)
+            .await?;
+        if state.candidate.is_none()
+            && let Some(newest) = newest
+        {
+            state.candidate = Some((Instant::now(), newest));
+        }
+        Ok((state.settled_count + above, last_recorded_at))
     }
 }
 
 async fn read_relay(pool: &PgPool) -> RelayView {
+    // Distinct names: a relay's pool holds several sessions, all named after its relay id.
     let connected = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity
+        "SELECT count(DISTINCT application_name) FROM pg_stat_activity
          WHERE datname = current_database() AND application_name LIKE 'waybill-relay %'",
     )
     .fetch_one(pool)
@@ -187,8 +249,8 @@ async fn read_relay(pool: &PgPool) -> RelayView {
 pub struct Sample {
     /// Milliseconds since the Unix epoch.
     pub t: i64,
-    /// Events stored.
-    pub events: i64,
+    /// Events stored, when they could be counted.
+    pub events: Option<i64>,
     /// The stream's last sequence, when NATS answered.
     pub stream_last: Option<u64>,
     /// Outbox rows not yet sent (pending + failed + dead).
@@ -215,16 +277,12 @@ impl Sample {
             applied: snapshot
                 .projections
                 .iter()
-                .map(|p| p.state.found.then_some(p.state.applied))
+                .map(|p| p.state.applied)
                 .collect(),
             lag: snapshot
                 .projections
                 .iter()
-                .map(|p| {
-                    p.behind_stream
-                        .map(|l| l as i64)
-                        .or(p.state.found.then_some(p.behind_store))
-                })
+                .map(|p| p.behind_stream.map(|l| l as i64).or(p.behind_store))
                 .collect(),
         }
     }
@@ -247,7 +305,8 @@ pub struct Series {
 }
 
 impl History {
-    /// Records `snapshot`, fills in its rates, and keeps it as the latest.
+    /// Records `snapshot`, fills in its rates (from counters read in both samples only), and keeps
+    /// it as the latest.
     pub fn push(&mut self, mut snapshot: Snapshot) -> Snapshot {
         let sample = Sample::of(&snapshot);
         // The oldest sample inside the rate window, or else the previous one.
@@ -261,7 +320,10 @@ impl History {
         if let Some(base) = base {
             let seconds = (sample.t - base.t) as f64 / 1000.0;
             let rate = |now: i64, then: i64| ((now - then).max(0)) as f64 / seconds;
-            snapshot.rates.events_per_s = Some(rate(sample.events, base.events));
+            snapshot.rates.events_per_s = sample
+                .events
+                .zip(base.events)
+                .map(|(now, then)| rate(now, then));
             snapshot.rates.published_per_s = sample
                 .stream_last
                 .zip(base.stream_last)
@@ -282,7 +344,6 @@ impl History {
         snapshot
     }
 
-    /// The latest snapshot, if any.
     pub fn latest(&self) -> Option<&Snapshot> {
         self.latest.as_ref()
     }
@@ -303,7 +364,9 @@ impl History {
                     .or_default()
                     .push((now.t, value.max(0.0) / seconds));
             };
-            put("events", (now.events - then.events) as f64);
+            if let (Some(a), Some(b)) = (now.events, then.events) {
+                put("events", (a - b) as f64);
+            }
             if let (Some(a), Some(b)) = (now.stream_last, then.stream_last) {
                 // A recreated stream starts again from 1: no negative throughput.
                 put("stream", a.saturating_sub(b) as f64);

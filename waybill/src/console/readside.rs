@@ -17,28 +17,28 @@ pub fn known(name: &str) -> Option<&'static str> {
     PROJECTIONS.iter().copied().find(|p| *p == name)
 }
 
-/// A projection's state as its tables tell it.
+/// A projection's state as its tables tell it. The counts are `None` when the schema is absent or
+/// could not be read, so a failed read shows as unknown rather than as an idle projection.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProjectionState {
-    /// The projection.
     pub name: &'static str,
     /// Whether its schema exists in this database.
     pub found: bool,
     /// Why it could not be read, when it could not.
     pub error: Option<String>,
     /// Orders it has a checkpoint for.
-    pub orders: i64,
+    pub orders: Option<i64>,
     /// Events applied: the sum of the checkpoints' versions (an operator's `held release` that
     /// skipped a missing version counts it too).
-    pub applied: i64,
+    pub applied: Option<i64>,
     /// When a checkpoint last moved.
     pub last_applied_at: Option<DateTime<Utc>>,
     /// Events waiting for a predecessor.
-    pub held: i64,
+    pub held: Option<i64>,
     /// Orders with held events.
-    pub held_orders: i64,
+    pub held_orders: Option<i64>,
     /// Parked messages neither redriven nor discarded.
-    pub parked: i64,
+    pub parked: Option<i64>,
 }
 
 impl ProjectionState {
@@ -47,12 +47,12 @@ impl ProjectionState {
             name,
             found: false,
             error: None,
-            orders: 0,
-            applied: 0,
+            orders: None,
+            applied: None,
             last_applied_at: None,
-            held: 0,
-            held_orders: 0,
-            parked: 0,
+            held: None,
+            held_orders: None,
+            parked: None,
         }
     }
 }
@@ -87,6 +87,7 @@ async fn read_state(
         return Ok(());
     }
     state.found = true;
+    // Read whole before anything is stored: a row that fails half-way leaves every count unknown.
     let row = sqlx::query(AssertSqlSafe(format!(
         "SELECT (SELECT count(*) FROM \"{name}\".checkpoints) AS orders,
                 (SELECT coalesce(sum(version), 0)::int8 FROM \"{name}\".checkpoints) AS applied,
@@ -98,19 +99,24 @@ async fn read_state(
     )))
     .fetch_one(pool)
     .await?;
-    state.orders = row.try_get("orders")?;
-    state.applied = row.try_get("applied")?;
-    state.last_applied_at = row.try_get("last_applied_at")?;
-    state.held = row.try_get("held")?;
-    state.held_orders = row.try_get("held_orders")?;
-    state.parked = row.try_get("parked")?;
+    let orders = row.try_get("orders")?;
+    let applied = row.try_get("applied")?;
+    let last_applied_at = row.try_get("last_applied_at")?;
+    let held = row.try_get("held")?;
+    let held_orders = row.try_get("held_orders")?;
+    let parked = row.try_get("parked")?;
+    state.orders = Some(orders);
+    state.applied = Some(applied);
+    state.last_applied_at = last_applied_at;
+    state.held = Some(held);
+    state.held_orders = Some(held_orders);
+    state.parked = Some(parked);
     Ok(())
 }
 
 /// What one projection knows of one order.
 #[derive(Debug, Clone, Serialize)]
 pub struct OrderMarks {
-    /// The projection.
     pub name: &'static str,
     /// Whether its schema exists in this database.
     pub found: bool,
@@ -201,17 +207,14 @@ pub struct ParkedRow {
     pub id: i64,
     /// Where it sat in the stream.
     pub stream_sequence: Option<i64>,
-    /// Its subject.
     pub subject: String,
     /// Why it was parked.
     pub reason: String,
-    /// The event, the order and the version it claims, when readable.
+    /// The event, the order and the version it claims: `None` when the body could not be decoded
+    /// far enough to tell.
     pub event_id: Option<Uuid>,
-    /// The order.
     pub aggregate_id: Option<Uuid>,
-    /// The version.
     pub aggregate_version: Option<i64>,
-    /// When.
     pub parked_at: DateTime<Utc>,
     /// Size of the whole body.
     pub body_size: i64,
@@ -244,13 +247,10 @@ pub async fn parked(
 /// A held event, with what it waits for.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct HeldRow {
-    /// The order.
     pub aggregate_id: Uuid,
-    /// The held version.
+    /// The held version (above the checkpoint + 1, else it would have been applied).
     pub version: i64,
-    /// Its event.
     pub event_id: Uuid,
-    /// Since when.
     pub held_at: DateTime<Utc>,
     /// The version the order's checkpoint waits for.
     pub waiting_for: i64,

@@ -81,16 +81,35 @@
     }
   }
 
+  // The next refresh is scheduled only once the previous one has answered, so a slow server is never
+  // sent overlapping requests; a hidden tab does not poll at all and refreshes when shown again.
+  const REFRESH_MS = 2000;
+  let timer = null;
+  let inflight = false;
+
+  function schedule() {
+    clearTimeout(timer);
+    timer = document.hidden ? null : setTimeout(refresh, REFRESH_MS);
+  }
+
   async function refresh() {
+    timer = null;
+    if (inflight) return;
+    inflight = true;
     try {
       const response = await fetch("/console/api/overview", { headers: { Accept: "application/json" } });
       if (response.ok) {
         render(await response.json());
         document.body.classList.remove("stale");
+      } else {
+        // An error answer is as stale as no answer: the numbers shown are no longer current.
+        document.body.classList.add("stale");
       }
     } catch (_) {
       document.body.classList.add("stale");
     }
+    inflight = false;
+    schedule();
   }
 
   function actions() {
@@ -140,7 +159,14 @@
     actions();
     if (document.querySelector("[data-k]")) {
       refresh();
-      setInterval(refresh, 2000);
+      document.addEventListener("visibilitychange", () => {
+        if (document.hidden) {
+          clearTimeout(timer);
+          timer = null;
+        } else if (timer === null) {
+          refresh();
+        }
+      });
     }
   });
 })();
