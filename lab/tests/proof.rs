@@ -1,6 +1,7 @@
-//! The harness can fail: a projection built to ignore its checkpoint (the `broken-checkpoint` feature)
-//! applies replayed events again, and `waybill-lab chaos` must say so — exit 1, verdict `fail`, the
-//! inventory differing from the fold — while finding nothing else wrong.
+//! The harness can fail: projections run with their checkpoint check broken on purpose (the hidden
+//! `run --ignore-checkpoint` of fault-injection builds) apply replayed events again, and
+//! `waybill-lab chaos` must say so — exit 1, verdict `fail`, the inventory differing from the fold —
+//! while finding nothing else wrong.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -11,30 +12,16 @@ fn a_projection_that_ignores_its_checkpoint_fails_the_verdict() {
         .parent()
         .expect("the lab crate sits in the workspace")
         .to_path_buf();
-    // The real binaries the harness runs beside the broken ones, up to date.
+    // The binaries the harness runs, up to date.
     let built = Command::new(env!("CARGO"))
         .current_dir(&workspace)
         .args(["build", "--quiet", "--workspace", "--bins"])
         .status()
         .expect("cargo runs");
     assert!(built.success(), "the workspace's binaries build");
-    // Its own target directory: the broken binaries must never replace the real ones.
-    let broken = workspace.join("target").join("chaos-broken");
-    let built = Command::new(env!("CARGO"))
-        .current_dir(&workspace)
-        .env("WAYBILL_BROKEN_BUILD", "1")
-        .args(["build", "--quiet", "-p", "projections", "--bins"])
-        .args(["--features", "broken-checkpoint", "--target-dir"])
-        .arg(&broken)
-        .status()
-        .expect("cargo runs");
-    assert!(built.success(), "the broken projections build");
-
     let output = Command::new(env!("CARGO_BIN_EXE_waybill-lab"))
         .args(["chaos", "--duration", "40s", "--seed", "11", "--json"])
-        .args(["--faults", "hostile_publish"])
-        .arg("--projection-binaries")
-        .arg(broken.join("debug"))
+        .args(["--faults", "hostile_publish", "--broken-checkpoint"])
         .output()
         .expect("waybill-lab runs");
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -221,6 +221,12 @@ pub struct RunArgs {
     #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     pub crash_after_commit: bool,
+
+    /// Testing only: apply redelivered events again (a deliberately broken projection, which the
+    /// chaos harness must catch).
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, hide = true)]
+    pub ignore_checkpoint: bool,
 }
 
 impl Connection {
@@ -255,6 +261,14 @@ pub async fn run_common<P: Projection>(
             fail_before_swap: true,
         } => config.fail_point = crate::runner::FailPoint::FailBeforeSwap,
         _ => {}
+    }
+    #[cfg(feature = "fault-injection")]
+    if let Common::Run(RunArgs {
+        ignore_checkpoint: true,
+        ..
+    }) = &command
+    {
+        crate::plan::ignore_checkpoint();
     }
     let runner = Arc::new(
         Runner::connect(

@@ -14,10 +14,25 @@ use uuid::Uuid;
 
 use crate::checkpoint::{Checkpoint, Decision, Facts, decide};
 
-/// The deliberately broken build (see Cargo.toml) needs the feature and `WAYBILL_BROKEN_BUILD` set at
-/// compile time, so that `--all-features` alone never builds it.
-const BROKEN_CHECKPOINT: bool =
-    cfg!(feature = "broken-checkpoint") && option_env!("WAYBILL_BROKEN_BUILD").is_some();
+/// The deliberately broken mode: redeliveries are applied again. It exists only in `fault-injection`
+/// builds, switched on by the hidden `run --ignore-checkpoint`, so that the chaos harness can prove it
+/// catches a projection that ignores its checkpoint. Process-wide because it stands for a broken build,
+/// not for a setting a caller could choose per batch.
+#[cfg(feature = "fault-injection")]
+static IGNORE_CHECKPOINT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Breaks this process's checkpoint check on purpose (see [`IGNORE_CHECKPOINT`]).
+#[cfg(feature = "fault-injection")]
+pub fn ignore_checkpoint() {
+    IGNORE_CHECKPOINT.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn checkpoint_ignored() -> bool {
+    #[cfg(feature = "fault-injection")]
+    return IGNORE_CHECKPOINT.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(feature = "fault-injection"))]
+    false
+}
 
 /// What the runner decided for one message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -163,8 +178,8 @@ impl Plan {
     fn consider(&mut self, offer: Offer) {
         let current = self.checkpoint(offer.aggregate_id);
         match decide(&current, offer.version, &offer.facts) {
-            Decision::Duplicate if BROKEN_CHECKPOINT => {
-                // The deliberately broken build (see Cargo.toml): a redelivery is applied again.
+            Decision::Duplicate if checkpoint_ignored() => {
+                // The deliberately broken mode: a redelivery is applied again.
                 self.outcome.apply.push(offer.slot);
                 self.verdict(offer.slot, Verdict::Applied);
             }

@@ -189,12 +189,14 @@ pub struct Fleet {
 
 impl Fleet {
     /// Creates the schema (`waybill migrate`), then starts every process and waits until each answers
-    /// its health check.
+    /// its health check. `broken_checkpoint` starts the projections with their checkpoint check broken
+    /// on purpose (proving that the verdict catches it).
     pub async fn start(
         binaries: Binaries,
         servers: &Servers,
         stream: &str,
         subject_prefix: &str,
+        broken_checkpoint: bool,
     ) -> anyhow::Result<Self> {
         // Kept after the run: the report points at it.
         let logs = tempfile::Builder::new()
@@ -283,13 +285,17 @@ impl Fleet {
                 ]),
             )?;
         }
+        // A killed projection's unacknowledged messages come back after the ack wait.
+        let mut projection_args = strings(&["run", "--ack-wait", "5s"]);
+        if broken_checkpoint {
+            projection_args.push("--ignore-checkpoint".to_owned());
+        }
         for projection in PROJECTIONS {
             add(
                 projection,
                 Role::Projection,
                 &binaries.projections.join(format!("waybill-{projection}")),
-                // A killed projection's unacknowledged messages come back after the ack wait.
-                strings(&["run", "--ack-wait", "5s"]),
+                projection_args.clone(),
             )?;
         }
         let fleet = Self {

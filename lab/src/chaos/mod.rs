@@ -62,9 +62,14 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "DIR")]
     pub binaries: Option<PathBuf>,
 
-    /// Take the projection binaries from this directory instead (e.g. a deliberately broken build).
+    /// Take the projection binaries from this directory instead (another build of them).
     #[arg(long, value_name = "DIR")]
     pub projection_binaries: Option<PathBuf>,
+
+    /// Testing the harness: run the projections with their checkpoint check broken on purpose
+    /// (they apply redeliveries again); the verdict must fail.
+    #[arg(long, hide = true)]
+    pub broken_checkpoint: bool,
 }
 
 /// How big a run is.
@@ -147,7 +152,16 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
         "chaos: PostgreSQL {} and NATS {} started",
         servers.database_url, servers.nats_url
     );
-    let fleet = Arc::new(fleet::Fleet::start(binaries, &servers, STREAM, SUBJECT_PREFIX).await?);
+    let fleet = Arc::new(
+        fleet::Fleet::start(
+            binaries,
+            &servers,
+            STREAM,
+            SUBJECT_PREFIX,
+            args.broken_checkpoint,
+        )
+        .await?,
+    );
     let run = Run {
         seed,
         profile: args.profile,
