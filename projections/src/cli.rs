@@ -217,6 +217,13 @@ pub struct RunArgs {
     #[arg(long, env = "WAYBILL_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
 
+    /// Enables the operator API on the --listen address (POST /operator/redrive,
+    /// /operator/parked/{id}/discard, /operator/held/{order}/release — what the console's buttons
+    /// call), each call then requiring `Authorization: Bearer <token>`. Without it the API only reads.
+    /// At least 16 characters; prefer the environment variable (flags show up in `ps`).
+    #[arg(long, env = "WAYBILL_OPERATOR_TOKEN", hide_env_values = true, value_parser = ops::OperatorToken::parse)]
+    pub operator_token: Option<ops::OperatorToken>,
+
     /// Testing only: abort after a batch commits, before acking it.
     #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
@@ -285,14 +292,15 @@ pub async fn run_common<P: Projection>(
     match command {
         Common::Run(args) => {
             if let Some(listen) = args.listen {
-                let bound = ops::serve(
-                    listen,
-                    read_routes(runner.pool().clone()),
-                    ops::shutdown_signal(),
-                )
-                .await
-                .with_context(|| format!("serving the read API on {listen}"))?;
-                tracing::info!(%bound, projection = P::NAME, "read API at http://{bound}");
+                let operator = args.operator_token.is_some();
+                let routes = read_routes(runner.pool().clone()).merge(crate::operator_api::routes(
+                    runner.clone(),
+                    args.operator_token.clone(),
+                ));
+                let bound = ops::serve(listen, routes, ops::shutdown_signal())
+                    .await
+                    .with_context(|| format!("serving the read API on {listen}"))?;
+                tracing::info!(%bound, projection = P::NAME, operator, "read API at http://{bound}");
             }
             if let Some(listen) = args.metrics_listen {
                 serve_telemetry(&runner, listen).await?;

@@ -41,6 +41,28 @@ impl Problem {
         }
     }
 
+    /// 409: the operator's request was refused as things stand (nothing changed).
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::CONFLICT,
+            title: "Conflict",
+            detail: detail.into(),
+        }
+    }
+
+    /// 403 or 401: the operator API is off, or the request did not carry its token.
+    pub fn denied(denied: ops::operator::Denied) -> Self {
+        Self {
+            status: denied.status(),
+            title: if denied == ops::operator::Denied::Disabled {
+                "Forbidden"
+            } else {
+                "Unauthorized"
+            },
+            detail: denied.detail().to_owned(),
+        }
+    }
+
     /// 503: the projection's database failed; logged with the error and its causes, which the client
     /// does not see.
     pub fn unavailable(what: &str, error: &dyn std::error::Error) -> Self {
@@ -79,6 +101,12 @@ impl IntoResponse for Problem {
             "detail": self.detail,
         });
         let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"waybill projection\""),
+            );
+        }
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
@@ -168,7 +196,9 @@ pub fn with_fallbacks(router: axum::Router) -> axum::Router {
             Problem {
                 status: StatusCode::METHOD_NOT_ALLOWED,
                 title: "Method not allowed",
-                detail: "the read API answers GET only".into(),
+                detail: "this resource does not answer that method (the read API answers GET, \
+                         the operator API POST)"
+                    .into(),
             }
         })
 }

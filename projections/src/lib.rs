@@ -12,6 +12,7 @@ pub mod held;
 pub mod http;
 pub mod inventory;
 pub mod metrics;
+pub mod operator_api;
 pub mod park;
 pub mod plan;
 pub mod points;

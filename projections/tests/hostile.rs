@@ -466,6 +466,163 @@ async fn operators_see_why_events_wait_and_act_on_them(pool: PgPool) {
     assert_eq!(code, 2, "nothing left to release");
 }
 
+/// The operator API of `run --listen` does what `redrive`, `parked discard` and `held release` do, for
+/// the console's buttons: absent without an operator token (403), refused without the token (401),
+/// recorded with who and why, and refusing what the command line refuses (409, 400).
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn the_operator_api_acts_only_with_its_token(pool: PgPool) {
+    const TOKEN: &str = "operator-token-for-the-test";
+    let h = Harness::new(&pool).await;
+    let order = new_order();
+    h.publish(&envelope(order, 1, &placed("hana", &["CAP:1:700"])))
+        .await;
+    h.publish(&envelope(order, 2, &paid(999))).await;
+    h.publish(&envelope(order, 3, &shipped())).await;
+
+    let start = |token: Option<&str>| {
+        let listen = format!("127.0.0.1:{}", testkit::free_port().expect("port"));
+        let mut command = binary(&h, INVENTORY, &["run", "--listen", &listen]);
+        command.env_remove("WAYBILL_OPERATOR_TOKEN");
+        if let Some(token) = token {
+            command.env("WAYBILL_OPERATOR_TOKEN", token);
+        }
+        (command.spawn().expect("starts"), format!("http://{listen}"))
+    };
+    let client = reqwest::Client::new();
+    let post = |url: String, token: Option<&str>, body: Option<Value>| {
+        let mut request = client.post(url);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        async move {
+            let response = request.send().await.expect("answers");
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+
+    let (mut child, api) = start(None);
+    wait_for(&format!("{api}/stock")).await;
+    let (status, body) = post(format!("{api}/operator/redrive"), Some(TOKEN), None).await;
+    assert_eq!(status, 403, "no token configured, no operator API: {body}");
+    child.kill().await.expect("stops");
+
+    let (mut child, api) = start(Some(TOKEN));
+    wait_for(&format!("{api}/stock")).await;
+    testkit::wait_until(
+        Duration::from_secs(60),
+        "the forged payment parked",
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inventory.parked")
+                .fetch_one(&pool)
+                .await
+                .is_ok_and(|n| n == 1)
+        },
+    )
+    .await;
+    let id: i64 = sqlx::query_scalar("SELECT id FROM inventory.parked")
+        .fetch_one(&pool)
+        .await
+        .expect("parked id");
+    for token in [None, Some("operator-token-for-the-tesT")] {
+        let (status, body) = post(format!("{api}/operator/redrive"), token, None).await;
+        assert_eq!(status, 401, "{token:?}: {body}");
+    }
+    let get = reqwest::get(format!("{api}/operator/redrive"))
+        .await
+        .expect("answers");
+    assert_eq!(get.status().as_u16(), 405);
+
+    let (status, redriven) = post(format!("{api}/operator/redrive"), Some(TOKEN), None).await;
+    assert_eq!(status, 200, "{redriven}");
+    assert_eq!(redriven["redriven"][0]["id"], id, "{redriven}");
+    assert_eq!(redriven["redriven"][0]["outcome"], "parked", "{redriven}");
+
+    let decision = |reason: &str| Some(json!({"by": "ops-http", "reason": reason}));
+    let (status, body) = post(
+        format!("{api}/operator/parked/999999/discard"),
+        Some(TOKEN),
+        decision("typo"),
+    )
+    .await;
+    assert_eq!(status, 409, "an unknown id is refused: {body}");
+    let (status, body) = post(
+        format!("{api}/operator/parked/{id}/discard"),
+        Some(TOKEN),
+        decision(" "),
+    )
+    .await;
+    assert_eq!(status, 400, "a discard needs a reason: {body}");
+    let (status, body) = post(
+        format!("{api}/operator/parked/{id}/discard"),
+        Some(TOKEN),
+        Some(json!({"by": "ops-http"})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, discarded) = post(
+        format!("{api}/operator/parked/{id}/discard"),
+        Some(TOKEN),
+        decision("forged payment"),
+    )
+    .await;
+    assert_eq!(status, 200, "{discarded}");
+    assert_eq!(discarded["held_behind"], 1, "{discarded}");
+
+    let (status, body) = post(
+        format!("{api}/operator/held/not-a-uuid/release"),
+        Some(TOKEN),
+        decision("x"),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let order_id = order.as_uuid();
+    let (status, released) = post(
+        format!("{api}/operator/held/{order_id}/release"),
+        Some(TOKEN),
+        decision("payment was forged"),
+    )
+    .await;
+    assert_eq!(status, 200, "{released}");
+    assert_eq!(released["applied_through"], 3, "{released}");
+    let (status, body) = post(
+        format!("{api}/operator/held/{order_id}/release"),
+        Some(TOKEN),
+        decision("again"),
+    )
+    .await;
+    assert_eq!(status, 409, "nothing left to release: {body}");
+    assert_eq!(stock_of(&pool, "CAP").await, Some((0, 1, 0)), "shipped");
+
+    let log: Vec<(String, String)> =
+        sqlx::query_as("SELECT actor, action FROM inventory.operator_log ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("log");
+    assert_eq!(
+        log,
+        vec![
+            ("ops-http".into(), "parked discard".into()),
+            ("ops-http".into(), "held release".into()),
+        ]
+    );
+    // The console reads the skipped versions from here (waybill's console::readside).
+    let skipped: Value = sqlx::query_scalar(
+        "SELECT detail->'skipped_versions' FROM inventory.operator_log WHERE action = 'held release'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("detail");
+    assert_eq!(skipped, json!([2, 2]));
+    child.kill().await.expect("stops");
+}
+
 /// Waits for `url` to answer; a bound of a minute only catches a server that never starts, since a
 /// loaded machine can take seconds to start a process and connect it to PostgreSQL and NATS.
 async fn wait_for(url: &str) {

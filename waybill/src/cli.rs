@@ -163,23 +163,23 @@ pub struct ConsoleArgs {
     /// Enables the console's state-changing actions (replaying dead outbox rows), each of which
     /// then requires `Authorization: Bearer <token>`. Without it the console only reads. At least
     /// 16 characters; prefer the environment variable (flags show up in `ps`).
-    #[arg(long, env = "WAYBILL_OPERATOR_TOKEN", hide_env_values = true, value_parser = operator_token)]
-    pub operator_token: Option<String>,
+    #[arg(long, env = "WAYBILL_OPERATOR_TOKEN", hide_env_values = true, value_parser = ops::OperatorToken::parse)]
+    pub operator_token: Option<ops::OperatorToken>,
 
     /// A relay's metrics endpoint (`waybill-relay run --metrics-listen`), e.g.
     /// http://127.0.0.1:9464/metrics: the console scrapes it with each sample (1 s timeout) for the
     /// counters only the relays keep — duplicate PubAcks and fenced publishes — and shows them per
     /// relay and in total. Repeat it once per relay (comma-separated in the environment variable).
-    #[arg(long = "relay-metrics", env = "WAYBILL_RELAY_METRICS", value_name = "URL", value_delimiter = ',', value_parser = waybill::console::MetricsUrl::parse)]
-    pub relay_metrics: Vec<waybill::console::MetricsUrl>,
-}
+    #[arg(long = "relay-metrics", env = "WAYBILL_RELAY_METRICS", value_name = "URL", value_delimiter = ',', value_parser = waybill::console::metrics_url)]
+    pub relay_metrics: Vec<waybill::console::Endpoint>,
 
-/// An operator token long enough not to be guessed.
-fn operator_token(text: &str) -> Result<String, String> {
-    if text.trim().chars().count() < 16 {
-        return Err("an operator token needs at least 16 characters".to_owned());
-    }
-    Ok(text.trim().to_owned())
+    /// A projection's operator API, as NAME=URL (e.g. inventory=http://127.0.0.1:8081, its
+    /// `run --listen` address): the console's redrive, discard and release buttons call it with this
+    /// service's operator token, so start the projection with the same one. Repeat it once per
+    /// projection (comma-separated in the environment variable). Without it, the console shows the
+    /// command to run instead.
+    #[arg(long = "projection-api", env = "WAYBILL_PROJECTION_APIS", value_name = "NAME=URL", value_delimiter = ',', value_parser = waybill::console::ProjectionApi::parse)]
+    pub projection_apis: Vec<waybill::console::ProjectionApi>,
 }
 
 /// The limits of the HTTP edge, on both listeners.

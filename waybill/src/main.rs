@@ -200,6 +200,7 @@ async fn with_console(
         subject_prefix: args.subject_prefix,
         operator_token: args.operator_token,
         relay_metrics: args.relay_metrics,
+        projection_apis: args.projection_apis,
     };
     Ok(api.merge(waybill::console::router(pool, config)))
 }

@@ -540,11 +540,12 @@ async fn hostile_stored_text_is_escaped(pool: PgPool) {
     );
 }
 
-/// `waybill-relay`, built now if needed: it is another crate's binary, so cargo does not build it for
-/// this crate's tests; it lands beside `waybill` in the same target directory. Built as part of the
-/// whole workspace, never with `-p relay` alone: that would build it without the `fault-injection`
-/// feature the workspace unifies in, and replace the binary other crates' tests run with hidden flags.
-fn relay_binary() -> PathBuf {
+/// Another crate's binary (`waybill-relay`, `waybill-inventory`), built now if needed: cargo does not
+/// build it for this crate's tests; it lands beside `waybill` in the same target directory. Built as
+/// part of the whole workspace, never with `-p relay` alone: that would build it without the
+/// `fault-injection` feature the workspace unifies in, and replace the binary other crates' tests run
+/// with hidden flags.
+fn workspace_binary(name: &str) -> PathBuf {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the waybill crate sits in the workspace");
@@ -553,8 +554,8 @@ fn relay_binary() -> PathBuf {
         .args(["build", "--quiet", "--workspace", "--bins"])
         .status()
         .expect("cargo runs");
-    assert!(built.success(), "waybill-relay builds");
-    let binary = Path::new(env!("CARGO_BIN_EXE_waybill")).with_file_name("waybill-relay");
+    assert!(built.success(), "the workspace's binaries build");
+    let binary = Path::new(env!("CARGO_BIN_EXE_waybill")).with_file_name(name);
     assert!(binary.is_file(), "{} is missing", binary.display());
     binary
 }
@@ -579,7 +580,7 @@ async fn the_relays_counters_are_scraped_from_their_metrics(pool: PgPool) {
 
     let ports = testkit::free_ports(2).expect("ports");
     let (metrics_port, dead_port) = (ports[0], ports[1]);
-    let _relay = tokio::process::Command::new(relay_binary())
+    let _relay = tokio::process::Command::new(workspace_binary("waybill-relay"))
         .args([
             "run",
             "--metrics-listen",
@@ -701,4 +702,277 @@ async fn the_relays_counters_are_scraped_from_their_metrics(pool: PgPool) {
     let second = text_of(&dom, "relay-metrics-1");
     assert!(second.contains("unreachable: cannot connect"), "{second}");
     assert_eq!(text_of(&dom, "events-stored"), "12", "{dom}");
+}
+
+/// The console's redrive, discard and release call the projection's own operator API (the service
+/// does not link the projections) with the console's token: refused without the token, a clear 502
+/// when the projection refuses that token or does not answer, 409 for a projection whose API it was
+/// not given; and the parked list shows the buttons only when it can act.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn projection_actions_go_through_the_projections_operator_api(pool: PgPool) {
+    const TOKEN: &str = "console-and-projection-token";
+    let nats = testkit::NatsServer::start().expect("nats-server");
+    let url = testkit::database_url(&pool).await;
+    let store = EventStore::new(pool.clone());
+    lifecycles(&store, 2).await;
+    relay_and_project(&url, &nats.url()).await;
+
+    let inventory = |token: &str| {
+        let port = testkit::free_port().expect("port");
+        let child = tokio::process::Command::new(workspace_binary("waybill-inventory"))
+            .args(["run", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--database-url", &url, "--nats-url", &nats.url()])
+            .args(["--stream", STREAM, "--subject-prefix", PREFIX])
+            .env("RUST_LOG", "warn")
+            .env("WAYBILL_OPERATOR_TOKEN", token)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("waybill-inventory starts");
+        (child, format!("inventory=http://127.0.0.1:{port}"))
+    };
+    let (_inventory, api) = inventory(TOKEN);
+    // Garbage on an order's subject: the running inventory parks it.
+    let client = async_nats::connect(nats.url()).await.expect("nats");
+    let jetstream = async_nats::jetstream::new(client);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "console-garbage-1");
+    jetstream
+        .publish_with_headers(
+            format!("{PREFIX}.order.{}", Uuid::now_v7()),
+            headers,
+            "not an event".into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    testkit::wait_until(Duration::from_secs(60), "the garbage parked", || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inventory.parked")
+            .fetch_one(&pool)
+            .await
+            .is_ok_and(|n| n == 1)
+    })
+    .await;
+    let parked: i64 = sqlx::query_scalar("SELECT id FROM inventory.parked")
+        .fetch_one(&pool)
+        .await
+        .expect("parked id");
+
+    let service = Service::start_with(
+        &pool,
+        &[
+            "--nats-url",
+            &nats.url(),
+            "--stream",
+            STREAM,
+            "--subject-prefix",
+            PREFIX,
+            "--operator-token",
+            TOKEN,
+            "--projection-api",
+            &api,
+        ],
+    )
+    .await;
+    let post = |path: &str, token: Option<&str>, body: Option<Value>| {
+        let mut request = service
+            .client
+            .post(format!("{}/console/api/projections/{path}", service.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        async move {
+            let response = request.send().await.expect("answers");
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let page = |path: String| {
+        let request = service
+            .client
+            .get(format!("{}/console/projections/{path}", service.base));
+        async move {
+            request
+                .send()
+                .await
+                .expect("page")
+                .text()
+                .await
+                .expect("text")
+        }
+    };
+
+    let shown = page("inventory/parked".into()).await;
+    assert!(
+        shown.contains(&format!(
+            "data-action=\"/console/api/projections/inventory/parked/{parked}/discard\""
+        )),
+        "a discard button for the parked message:\n{shown}"
+    );
+    assert!(
+        shown.contains("data-action=\"/console/api/projections/inventory/redrive\""),
+        "{shown}"
+    );
+    let elsewhere = page("points/parked".into()).await;
+    assert!(
+        !elsewhere.contains("data-action") && elsewhere.contains("--projection-api points="),
+        "no buttons where the console cannot act, and how to enable them:\n{elsewhere}"
+    );
+
+    let (status, body) = post("inventory/redrive", None, None).await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = post("points/redrive", Some(TOKEN), None).await;
+    assert_eq!(status, 409, "no operator API given for points: {body}");
+    let (status, body) = post("nope/redrive", Some(TOKEN), None).await;
+    assert_eq!(status, 404, "{body}");
+
+    let (status, redriven) = post("inventory/redrive", Some(TOKEN), None).await;
+    assert_eq!(status, 200, "{redriven}");
+    assert_eq!(redriven["redriven"][0]["id"], parked, "{redriven}");
+    assert_eq!(redriven["redriven"][0]["outcome"], "parked", "{redriven}");
+
+    let discard = format!("inventory/parked/{parked}/discard");
+    let (status, body) = post(&discard, Some(TOKEN), Some(json!({"by": "ops"}))).await;
+    assert_eq!(status, 400, "a discard needs a reason: {body}");
+    let (status, done) = post(
+        &discard,
+        Some(TOKEN),
+        Some(json!({"by": "ops", "reason": "garbage, never an event"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["discarded"], parked, "{done}");
+    let (status, body) = post(
+        &discard,
+        Some(TOKEN),
+        Some(json!({"by": "ops", "reason": "again"})),
+    )
+    .await;
+    assert_eq!(
+        status, 409,
+        "the projection's refusal comes through: {body}"
+    );
+    let logged: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT actor, action, reason FROM inventory.operator_log")
+            .fetch_all(&pool)
+            .await
+            .expect("log");
+    assert_eq!(
+        logged,
+        vec![(
+            "ops".into(),
+            "parked discard".into(),
+            "garbage, never an event".into()
+        )]
+    );
+    let (status, body) = post(
+        &format!("inventory/held/{}/release", Uuid::now_v7()),
+        Some(TOKEN),
+        Some(json!({"by": "ops", "reason": "nothing is held"})),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+
+    // What an order's page says of a version a release skipped (recorded as the projection records
+    // it): skipped, not applied, though the checkpoint is past it.
+    let (order, version): (Uuid, i64) = sqlx::query_as(
+        "SELECT aggregate_id, max(version) FROM inventory.checkpoints GROUP BY aggregate_id LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("an applied order");
+    sqlx::query(
+        "INSERT INTO inventory.operator_log (actor, action, target, reason, detail)
+         VALUES ('ops', 'held release', $1, 'lost in transit', jsonb_build_object('skipped_versions', jsonb_build_array($2::int8, $2::int8)))",
+    )
+    .bind(order.to_string())
+    .bind(version)
+    .execute(&pool)
+    .await
+    .expect("a release's record");
+    let timeline: Value = service
+        .client
+        .get(format!("{}/console/api/orders/{order}", service.base))
+        .send()
+        .await
+        .expect("answers")
+        .json()
+        .await
+        .expect("json");
+    let events = timeline["events"].as_array().expect("events");
+    let marks = |v: i64| {
+        events
+            .iter()
+            .find(|e| e["aggregate_version"] == v)
+            .map(|e| e["projections"][0].clone())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(marks(version)[1], "skipped", "{timeline:#}");
+    assert_eq!(marks(1)[1], "applied", "{timeline:#}");
+    drop(service);
+
+    // A projection with another token, and one that does not answer: a 502 that says which.
+    let (_other, other_api) = inventory("another-token-entirely");
+    let dead_port = testkit::free_port().expect("port");
+    for (api, expected) in [
+        (other_api.as_str(), "refused the console's operator token"),
+        (
+            &*format!("inventory=http://127.0.0.1:{dead_port}"),
+            "did not answer",
+        ),
+    ] {
+        let service = Service::start_with(
+            &pool,
+            &[
+                "--nats-url",
+                &nats.url(),
+                "--operator-token",
+                TOKEN,
+                "--projection-api",
+                api,
+            ],
+        )
+        .await;
+        let mut answer = (0, Value::Null);
+        // The other projection may still be starting: until it listens, it "does not answer".
+        for _ in 0..200 {
+            answer = {
+                let response = service
+                    .client
+                    .post(format!(
+                        "{}/console/api/projections/inventory/redrive",
+                        service.base
+                    ))
+                    .bearer_auth(TOKEN)
+                    .send()
+                    .await
+                    .expect("answers");
+                (
+                    response.status().as_u16(),
+                    response.json::<Value>().await.unwrap_or(Value::Null),
+                )
+            };
+            if answer.1["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains(expected))
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(answer.0, 502, "{api}: {}", answer.1);
+        assert!(
+            answer.1["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains(expected)),
+            "{api}: {}",
+            answer.1
+        );
+    }
 }

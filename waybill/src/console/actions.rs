@@ -1,88 +1,35 @@
-//! The console's state-changing actions and their guard. They exist only when `waybill serve` has an
-//! operator token (`--operator-token`, `WAYBILL_OPERATOR_TOKEN`): without one every action answers
-//! 403; with one, a request must carry `Authorization: Bearer <token>` (compared in constant time) or
-//! it is answered 401. A bearer header is never sent by a browser on its own, so a page elsewhere
-//! cannot make a viewer's browser act (no cookies, no CSRF).
+//! The console's state-changing actions. They exist only when `waybill serve` has an operator token
+//! (`--operator-token`, `WAYBILL_OPERATOR_TOKEN`), and then require it ([`ops::operator`]).
 //!
-//! Only the outbox's dead rows can be replayed from here (`relay::admin::replay_dead`, the same as
-//! `waybill outbox dead replay`). Redriving, discarding and releasing in a projection need that
-//! projection's own runner and its NATS consumer, which this service does not link: the console
-//! shows the exact command to run instead.
+//! Dead outbox rows are replayed here (`relay::admin::replay_dead`, as `waybill outbox dead replay`).
+//! Redriving, discarding and releasing in a projection need that projection's runner and NATS
+//! consumer, which this service does not link: the console calls the projection's own operator API
+//! (`--projection-api NAME=URL`) with its token, and answers what the projection answered.
+
+use std::time::Duration;
 
 use axum::Json;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
+use uuid::Uuid;
 
-use super::Shared;
-
-/// The operator token, kept as bytes for the constant-time comparison and never printed.
-pub struct Token(Vec<u8>);
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(***)")
-    }
-}
-
-impl Token {
-    pub fn new(token: String) -> Self {
-        Self(token.into_bytes())
-    }
-
-    /// Whether `headers` carry `Authorization: Bearer <this token>`. The comparison takes the same
-    /// time wherever the first difference is, so response times do not reveal the token.
-    fn admits(&self, headers: &HeaderMap) -> bool {
-        let Some(given) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            // The scheme is case-insensitive (RFC 9110, section 11.1); the token is not.
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("Bearer"))
-            .map(|(_, token)| token)
-        else {
-            return false;
-        };
-        constant_time_eq(given.trim().as_bytes(), &self.0)
-    }
-}
-
-/// Equality whose time depends only on the lengths.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut difference = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        difference |= usize::from(x ^ y);
-    }
-    std::hint::black_box(difference) == 0
-}
+use super::upstream::{self, Call, Endpoint};
+use super::{Shared, readside};
 
 /// The refusal of a request, unless actions are on and it carries the token.
 fn refused(console: &Shared, headers: &HeaderMap) -> Option<Response> {
-    match &console.token {
-        None => Some(refusal(
-            StatusCode::FORBIDDEN,
-            "actions-disabled",
-            "this service was started without an operator token (--operator-token or \
-             WAYBILL_OPERATOR_TOKEN), so the console changes nothing",
-        )),
-        Some(token) if token.admits(headers) => None,
-        Some(_) => {
-            let mut response = refusal(
-                StatusCode::UNAUTHORIZED,
-                "operator-token-required",
-                "send the operator token as Authorization: Bearer <token>",
-            );
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer realm=\"waybill console\""),
-            );
-            Some(response)
-        }
+    let denied = ops::operator::authorize(console.token.as_ref(), headers).err()?;
+    let mut response = refusal(denied.status(), denied.kind(), denied.detail());
+    if denied == ops::operator::Denied::Unauthorized {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Bearer realm=\"waybill console\""),
+        );
     }
+    Some(response)
 }
 
 fn refusal(status: StatusCode, kind: &str, detail: &str) -> Response {
@@ -153,23 +100,216 @@ pub async fn replay_dead(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A projection's operator API (`waybill-<name> run --listen ADDR --operator-token …`), given to
+/// `waybill serve --projection-api NAME=URL`: the console's redrive, discard and release buttons call
+/// it with the console's own operator token, so both must be started with the same one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectionApi {
+    pub name: &'static str,
+    pub endpoint: Endpoint,
+}
 
-    #[test]
-    fn only_the_exact_bearer_token_is_admitted() {
-        let token = Token::new("s3cret".to_owned());
-        let with = |value: &str| {
-            let mut headers = HeaderMap::new();
-            headers.insert(header::AUTHORIZATION, value.parse().expect("header"));
-            headers
-        };
-        assert!(token.admits(&with("Bearer s3cret")));
-        assert!(!token.admits(&with("Bearer s3cre")));
-        assert!(!token.admits(&with("Bearer s3cret2")));
-        assert!(!token.admits(&with("Basic s3cret")));
-        assert!(!token.admits(&HeaderMap::new()));
-        assert_eq!(format!("{token:?}"), "Token(***)");
+impl ProjectionApi {
+    /// Reads `NAME=http://host:port`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (name, url) = text.split_once('=').ok_or_else(|| {
+            format!("{text:?} is not NAME=URL (e.g. inventory=http://127.0.0.1:8081)")
+        })?;
+        let name = readside::known(name.trim()).ok_or_else(|| {
+            format!(
+                "{name:?} is not a projection; there are {}",
+                readside::PROJECTIONS.join(", ")
+            )
+        })?;
+        Ok(Self {
+            name,
+            endpoint: Endpoint::parse(url)?,
+        })
+    }
+}
+
+/// How long a forwarded operator call may take: a redrive re-applies every parked message.
+const OPERATOR_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a console action asks a projection to do.
+#[derive(Debug)]
+enum ProjectionAction {
+    Redrive,
+    Discard(i64),
+    Release(Uuid),
+}
+
+/// `POST /console/api/projections/{name}/redrive`.
+pub async fn redrive(
+    State(console): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    forward(&console, &name, &headers, ProjectionAction::Redrive, None).await
+}
+
+/// `POST /console/api/projections/{name}/parked/{id}/discard` with `{"by", "reason"}`.
+pub async fn discard(
+    State(console): State<Shared>,
+    Path((name, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let Ok(id) = id.parse::<i64>() else {
+        return refusal(
+            StatusCode::BAD_REQUEST,
+            "invalid-target",
+            "a parked message's id is a number",
+        );
+    };
+    forward(
+        &console,
+        &name,
+        &headers,
+        ProjectionAction::Discard(id),
+        Some(body),
+    )
+    .await
+}
+
+/// `POST /console/api/projections/{name}/held/{order}/release` with `{"by", "reason"}`.
+pub async fn release(
+    State(console): State<Shared>,
+    Path((name, order)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let Ok(order) = Uuid::parse_str(&order) else {
+        return refusal(
+            StatusCode::BAD_REQUEST,
+            "invalid-target",
+            "an order id is a UUID",
+        );
+    };
+    forward(
+        &console,
+        &name,
+        &headers,
+        ProjectionAction::Release(order),
+        Some(body),
+    )
+    .await
+}
+
+/// Who acts and why, checked here before anything is sent on.
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct Decision {
+    by: String,
+    reason: String,
+}
+
+/// Checks the console's token and the request, then calls the projection's operator API with the
+/// console's token and answers what it answered.
+async fn forward(
+    console: &Shared,
+    name: &str,
+    headers: &HeaderMap,
+    action: ProjectionAction,
+    body: Option<axum::body::Bytes>,
+) -> Response {
+    if let Some(refused) = refused(console, headers) {
+        tracing::warn!(action = ?action, projection = name, "console action refused");
+        return refused;
+    }
+    let Some(name) = readside::known(name) else {
+        return refusal(
+            StatusCode::NOT_FOUND,
+            "unknown-projection",
+            &format!("there are {}", readside::PROJECTIONS.join(", ")),
+        );
+    };
+    let Some(api) = console.projection_apis.iter().find(|api| api.name == name) else {
+        return refusal(
+            StatusCode::CONFLICT,
+            "no-projection-api",
+            &format!(
+                "this service does not know the {name} projection's operator API: start it with \
+                 --projection-api {name}=http://<its --listen address>, or run waybill-{name} on \
+                 the command line"
+            ),
+        );
+    };
+    let json = match body {
+        None => None,
+        Some(body) => match serde_json::from_slice::<Decision>(&body) {
+            Ok(decision) if decision.by.trim().is_empty() || decision.reason.trim().is_empty() => {
+                return refusal(
+                    StatusCode::BAD_REQUEST,
+                    "invalid-body",
+                    "say who acts (by) and why (reason)",
+                );
+            }
+            Ok(decision) => {
+                Some(serde_json::to_vec(&decision).expect("two strings always serialize"))
+            }
+            Err(error) => {
+                return refusal(
+                    StatusCode::BAD_REQUEST,
+                    "invalid-body",
+                    &format!("expected {{\"by\": \"who\", \"reason\": \"why\"}}: {error}"),
+                );
+            }
+        },
+    };
+    let path = match action {
+        ProjectionAction::Redrive => "/operator/redrive".to_owned(),
+        ProjectionAction::Discard(id) => format!("/operator/parked/{id}/discard"),
+        ProjectionAction::Release(order) => format!("/operator/held/{order}/release"),
+    };
+    let call = Call {
+        method: Method::POST,
+        path: &path,
+        authorization: console.token.as_ref().map(ops::OperatorToken::bearer),
+        json,
+        timeout: OPERATOR_CALL_TIMEOUT,
+    };
+    match upstream::send(&api.endpoint, call).await {
+        Ok(answer)
+            if matches!(
+                answer.status,
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+            ) =>
+        {
+            tracing::error!(action = ?action, projection = name, status = %answer.status, "a projection refused the console's token");
+            refusal(
+                StatusCode::BAD_GATEWAY,
+                "projection-refused-token",
+                &format!(
+                    "the {name} projection refused the console's operator token ({}): start it \
+                     with the same --operator-token (or WAYBILL_OPERATOR_TOKEN) as this service",
+                    answer.status
+                ),
+            )
+        }
+        Ok(answer) => {
+            tracing::info!(action = ?action, projection = name, status = %answer.status, "console action forwarded");
+            let mut response = (answer.status, answer.body).into_response();
+            let kind = if answer.status.is_success() {
+                "application/json"
+            } else {
+                "application/problem+json"
+            };
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+            response
+        }
+        Err(error) => {
+            tracing::error!(action = ?action, projection = name, endpoint = %api.endpoint, %error, "console action failed");
+            refusal(
+                StatusCode::BAD_GATEWAY,
+                "projection-unreachable",
+                &format!(
+                    "the {name} projection's operator API at {} did not answer: {error}",
+                    api.endpoint
+                ),
+            )
+        }
     }
 }

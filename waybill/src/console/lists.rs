@@ -1,6 +1,6 @@
 //! The console's lists: the outbox's dead rows (with replay, when actions are on), and each
-//! projection's parked messages and held events (with the exact command that redrives, discards or
-//! releases them: those need the projection's own runner, which this service does not link).
+//! projection's parked messages and held events (with redrive, discard and release buttons when
+//! actions are on and the projection's operator API is known; else the command that does it).
 
 use std::fmt::Write as _;
 
@@ -41,13 +41,10 @@ pub async fn dead(State(console): State<Shared>) -> Response {
          back to pending with its attempts reset (the same as <code>waybill outbox dead replay</code>).</p>",
     );
     if operator {
-        body.push_str(
-            "<div class=\"card operator\" data-operator-panel><label for=\"token\">Operator token</label> \
-             <input id=\"token\" type=\"password\" autocomplete=\"off\" data-token> \
-             <span class=\"muted small\">kept in this tab only; sent as Authorization: Bearer</span>\
-             <p><button type=\"button\" data-replay=\"all\">Replay every dead row</button> \
-             <output data-result role=\"status\"></output></p></div>",
-        );
+        body.push_str(&operator_panel(
+            false,
+            "<button type=\"button\" data-replay=\"all\">Replay every dead row</button>",
+        ));
     } else {
         body.push_str(
             "<p class=\"note\">Actions are off: this service was started without an operator token \
@@ -96,6 +93,40 @@ pub async fn dead(State(console): State<Shared>) -> Response {
     )
 }
 
+/// The operator's inputs (token; with `decisions`, who acts and why, for the projection's operator log)
+/// and the page's bulk `buttons`, with the line where results are shown.
+fn operator_panel(decisions: bool, buttons: &str) -> String {
+    let decisions = if decisions {
+        "<p><label for=\"by\">Acting as</label> <input id=\"by\" autocomplete=\"username\" data-by> \
+         <label for=\"reason\">Reason</label> <input id=\"reason\" size=\"40\" data-reason> \
+         <span class=\"muted small\">both recorded in the projection's operator log; a discard or a \
+         release needs a reason</span></p>"
+    } else {
+        ""
+    };
+    format!(
+        "<div class=\"card operator\" data-operator-panel><label for=\"token\">Operator token</label> \
+         <input id=\"token\" type=\"password\" autocomplete=\"off\" data-token> \
+         <span class=\"muted small\">kept in this tab only; sent as Authorization: Bearer</span>\
+         {decisions}<p>{buttons} <output data-result role=\"status\"></output></p></div>"
+    )
+}
+
+/// Why a projection's list has no buttons: actions are off, or its operator API is not known.
+fn no_actions(console: &Shared, name: &str) -> String {
+    if console.operator() {
+        format!(
+            "<p class=\"note\">This service does not know the {name} projection's operator API: start \
+             it with <code>--projection-api {name}=http://&lt;its --listen address&gt;</code> (and the \
+             projection with the same operator token) to act from here.</p>"
+        )
+    } else {
+        "<p class=\"note\">Actions are off: this service was started without an operator token \
+         (<code>--operator-token</code> or <code>WAYBILL_OPERATOR_TOKEN</code>).</p>"
+            .to_owned()
+    }
+}
+
 fn unknown(console: &Shared, name: &str) -> Response {
     html::error_page(
         StatusCode::NOT_FOUND,
@@ -122,14 +153,26 @@ pub async fn parked(State(console): State<Shared>, Path(name): Path<String>) -> 
     let Some(name) = readside::known(&name) else {
         return unknown(&console, &name);
     };
+    let acts = console.acts_in(name);
     let mut body = format!(
         "<h1>Parked in {name}</h1><p class=\"lead\">Poison the {name} projection set aside with its \
          reason, newest first; each holds back its order's later versions. Redrive re-applies every \
          parked message (after an upgrade taught the code its shape); discard gives up on one on \
-         purpose. Both need the projection's own runner, so run them with <code>waybill-{name}</code>, \
-         with the same <code>DATABASE_URL</code> and NATS settings as the projection:</p>\
-         <pre class=\"command\">waybill-{name} redrive</pre>"
+         purpose. On the command line, with the projection's <code>DATABASE_URL</code> and NATS \
+         settings: <code>waybill-{name} redrive</code>, <code>waybill-{name} parked discard ID \
+         --reason '…' --by you</code>.</p>"
     );
+    if acts {
+        body.push_str(&operator_panel(
+            true,
+            &format!(
+                "<button type=\"button\" data-action=\"/console/api/projections/{name}/redrive\" \
+                 data-confirm=\"Redrive every parked message of {name}?\">Redrive every parked message</button>"
+            ),
+        ));
+    } else {
+        body.push_str(&no_actions(&console, name));
+    }
     match readside::parked(&console.pool, name, LIMIT).await {
         Ok(None) => body.push_str(&absent(name)),
         Ok(Some(rows)) if rows.is_empty() => {
@@ -139,7 +182,7 @@ pub async fn parked(State(console): State<Shared>, Path(name): Path<String>) -> 
             body.push_str(
                 "<table class=\"grid\"><thead><tr><th scope=\"col\">Id</th><th scope=\"col\">Order · version</th>\
                  <th scope=\"col\">Stream seq · subject</th><th scope=\"col\">Reason</th>\
-                 <th scope=\"col\">Body (start)</th><th scope=\"col\">Discard with</th></tr></thead><tbody>",
+                 <th scope=\"col\">Body (start)</th><th scope=\"col\">Discard</th></tr></thead><tbody>",
             );
             for row in &rows {
                 let order = match row.aggregate_id {
@@ -155,7 +198,7 @@ pub async fn parked(State(console): State<Shared>, Path(name): Path<String>) -> 
                     "<tr><td>{id}<br><span class=\"small muted\">{at}</span></td><td>{order}</td>\
                      <td>{seq}<br><code class=\"small\">{subject}</code></td><td class=\"error\">{reason}</td>\
                      <td><details><summary>{size} bytes</summary><pre class=\"json\">{body}</pre></details></td>\
-                     <td><code class=\"small\">waybill-{name} parked discard {id} --reason '…' --by you</code></td></tr>",
+                     <td>{discard}</td></tr>",
                     id = row.id,
                     at = time(row.parked_at),
                     seq = row
@@ -165,6 +208,18 @@ pub async fn parked(State(console): State<Shared>, Path(name): Path<String>) -> 
                     reason = esc_capped(&row.reason),
                     size = row.body_size,
                     body = esc_bytes(&row.body),
+                    discard = if acts {
+                        format!(
+                            "<button type=\"button\" data-needs-reason \
+                             data-action=\"/console/api/projections/{name}/parked/{}/discard\">Discard</button>",
+                            row.id
+                        )
+                    } else {
+                        format!(
+                            "<code class=\"small\">waybill-{name} parked discard {} --reason '…' --by you</code>",
+                            row.id
+                        )
+                    },
                 );
             }
             body.push_str("</tbody></table>");
@@ -195,13 +250,19 @@ pub async fn held(State(console): State<Shared>, Path(name): Path<String>) -> Re
     let Some(name) = readside::known(&name) else {
         return unknown(&console, &name);
     };
+    let acts = console.acts_in(name);
     let mut body = format!(
         "<h1>Held in {name}</h1><p class=\"lead\">Events that reached the {name} projection before \
          their predecessor, by order and version. They are applied as soon as the predecessor is. \
          Releasing an order skips its missing versions on purpose and applies what is held behind \
-         them; it needs the projection's own runner: <code>waybill-{name} held release ORDER_ID \
-         --reason '…' --by you</code>.</p>"
+         them; on the command line: <code>waybill-{name} held release ORDER_ID --reason '…' --by \
+         you</code>.</p>"
     );
+    if acts {
+        body.push_str(&operator_panel(true, ""));
+    } else {
+        body.push_str(&no_actions(&console, name));
+    }
     match readside::held(&console.pool, name, LIMIT).await {
         Ok(None) => body.push_str(&absent(name)),
         Ok(Some(rows)) if rows.is_empty() => {
@@ -210,7 +271,7 @@ pub async fn held(State(console): State<Shared>, Path(name): Path<String>) -> Re
         Ok(Some(rows)) => {
             body.push_str(
                 "<table class=\"grid\"><thead><tr><th scope=\"col\">Order · version</th><th scope=\"col\">Held since</th>\
-                 <th scope=\"col\">Waits for</th><th scope=\"col\">Release with</th></tr></thead><tbody>",
+                 <th scope=\"col\">Waits for</th><th scope=\"col\">Release</th></tr></thead><tbody>",
             );
             for row in &rows {
                 let waits = match row.behind_parked {
@@ -223,8 +284,20 @@ pub async fn held(State(console): State<Shared>, Path(name): Path<String>) -> Re
                 let _ = write!(
                     body,
                     "<tr><td><a href=\"/console/orders/{order}\">{order}</a> · v{v}</td><td>{at}</td>\
-                     <td>{waits}</td><td><code class=\"small\">waybill-{name} held release {order} --reason '…' --by you</code></td></tr>",
+                     <td>{waits}</td><td>{release}</td></tr>",
                     order = row.aggregate_id,
+                    release = if acts {
+                        format!(
+                            "<button type=\"button\" data-needs-reason \
+                             data-action=\"/console/api/projections/{name}/held/{}/release\">Release the order</button>",
+                            row.aggregate_id
+                        )
+                    } else {
+                        format!(
+                            "<code class=\"small\">waybill-{name} held release {} --reason '…' --by you</code>",
+                            row.aggregate_id
+                        )
+                    },
                     v = row.version,
                     at = time(row.held_at),
                 );

@@ -17,6 +17,7 @@ mod prometheus;
 mod readside;
 mod relays;
 mod stream;
+mod upstream;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -28,9 +29,11 @@ use axum::routing::{get, post};
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
+pub use actions::ProjectionApi;
 use pipeline::{EventCounter, History, Snapshot};
-pub use relays::MetricsUrl;
+pub use relays::metrics_url;
 use stream::StreamSource;
+pub use upstream::Endpoint;
 
 /// How often the pipeline is sampled while someone watches.
 const SAMPLE_EVERY: Duration = Duration::from_secs(2);
@@ -49,10 +52,12 @@ pub struct ConsoleConfig {
     /// The subject prefix (an order's messages are on `<prefix>.order.<id>`).
     pub subject_prefix: String,
     /// The operator token; without one, nothing in the console changes state.
-    pub operator_token: Option<String>,
+    pub operator_token: Option<ops::OperatorToken>,
     /// The relays' metrics endpoints, scraped with each sample for the counters only the relays
     /// keep (duplicate PubAcks, fenced publishes).
-    pub relay_metrics: Vec<MetricsUrl>,
+    pub relay_metrics: Vec<Endpoint>,
+    /// The projections' operator APIs, which the console's redrive, discard and release call.
+    pub projection_apis: Vec<ProjectionApi>,
 }
 
 /// The console's shared state.
@@ -60,10 +65,11 @@ pub struct ConsoleConfig {
 struct Console {
     pool: PgPool,
     stream: StreamSource,
-    token: Option<actions::Token>,
+    token: Option<ops::OperatorToken>,
     history: Mutex<History>,
     events: EventCounter,
-    relay_metrics: Vec<MetricsUrl>,
+    relay_metrics: Vec<Endpoint>,
+    projection_apis: Vec<ProjectionApi>,
     /// When a page or the overview API was last requested (Unix milliseconds).
     last_view: AtomicI64,
 }
@@ -74,6 +80,11 @@ impl Console {
     /// Whether state-changing actions exist.
     fn operator(&self) -> bool {
         self.token.is_some()
+    }
+
+    /// Whether the console can act in projection `name` (actions on, and its operator API known).
+    fn acts_in(&self, name: &str) -> bool {
+        self.operator() && self.projection_apis.iter().any(|api| api.name == name)
     }
 
     fn viewed(&self) {
@@ -113,10 +124,11 @@ pub fn router(pool: PgPool, config: ConsoleConfig) -> Router {
     let console = Arc::new(Console {
         pool,
         stream: StreamSource::start(config.nats, config.stream, config.subject_prefix),
-        token: config.operator_token.map(actions::Token::new),
+        token: config.operator_token,
         history: Mutex::new(History::default()),
         events: EventCounter::default(),
         relay_metrics: config.relay_metrics,
+        projection_apis: config.projection_apis,
         last_view: AtomicI64::new(i64::MIN / 2),
     });
     tokio::spawn(sample(Arc::downgrade(&console)));
@@ -136,6 +148,18 @@ pub fn router(pool: PgPool, config: ConsoleConfig) -> Router {
         .route(
             "/console/api/outbox/dead/replay",
             post(actions::replay_dead),
+        )
+        .route(
+            "/console/api/projections/{name}/redrive",
+            post(actions::redrive),
+        )
+        .route(
+            "/console/api/projections/{name}/parked/{id}/discard",
+            post(actions::discard),
+        )
+        .route(
+            "/console/api/projections/{name}/held/{order}/release",
+            post(actions::release),
         )
         .layer(DefaultBodyLimit::max(4 * 1024))
         .with_state(console)

@@ -57,7 +57,8 @@ pub struct TimelineEvent {
     pub stream_sequence_source: &'static str,
     /// Copies, mismatches, or why the sequence is unknown.
     pub stream_note: Option<String>,
-    /// Per projection: `applied`, `held`, `parked`, `pending` or `unknown`, and a sentence.
+    /// Per projection: `applied`, `skipped` (an operator's release passed it over), `held`,
+    /// `parked`, `discarded`, `pending`, `not found` or `unknown`, and a sentence.
     pub projections: Vec<(&'static str, &'static str, String)>,
 }
 
@@ -90,8 +91,11 @@ pub struct Timeline {
     pub stream_read: bool,
     /// Why the stream was not read.
     pub stream_reason: Option<String>,
-    /// Messages on the order's subject that are none of its events.
+    /// Messages on the order's subject that are none of its events (not looked for when the
+    /// timeline is cut: the later events' copies would be counted as strangers).
     pub foreign_messages: Vec<StreamCopy>,
+    /// The order has more than the events shown (the first [`MAX_EVENTS`]).
+    pub more_events: bool,
 }
 
 async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Error> {
@@ -107,9 +111,13 @@ async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Erro
          WHERE e.aggregate_id = $1 ORDER BY e.aggregate_version LIMIT $2",
     )
     .bind(order)
-    .bind(MAX_EVENTS)
+    .bind(MAX_EVENTS + 1)
     .fetch_all(&console.pool)
     .await?;
+    // One more than shown is read only to tell that there are more.
+    let mut rows = rows;
+    let more_events = rows.len() as i64 > MAX_EVENTS;
+    rows.truncate(MAX_EVENTS as usize);
     let upcasters = Upcasters::orders();
     let mut marks: Vec<OrderMarks> = Vec::with_capacity(PROJECTIONS.len());
     for name in PROJECTIONS {
@@ -199,12 +207,16 @@ async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Erro
             Err(error) => (None, Some(ops::error_chain(&error))),
         }
     };
-    let foreign_messages = copies
-        .into_iter()
-        .zip(matched)
-        .filter(|(_, m)| !m)
-        .map(|(c, _)| c)
-        .collect();
+    let foreign_messages = if more_events {
+        Vec::new()
+    } else {
+        copies
+            .into_iter()
+            .zip(matched)
+            .filter(|(_, m)| !m)
+            .map(|(c, _)| c)
+            .collect()
+    };
     Ok(Timeline {
         order_id: order,
         events,
@@ -213,6 +225,7 @@ async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Erro
         stream_read,
         stream_reason,
         foreign_messages,
+        more_events,
     })
 }
 
@@ -372,6 +385,13 @@ fn render(t: &Timeline) -> String {
         id = t.order_id,
         n = t.events.len(),
     );
+    if t.more_events {
+        out.push_str(&format!(
+            "<p class=\"note\" data-testid=\"more-events\">Only the first {MAX_EVENTS} events are shown: \
+             this order has more (an order normally has a handful; so many points at a broken \
+             writer). The folded order beside them is of all its events.</p>"
+        ));
+    }
     if let Some(reason) = &t.stream_reason {
         out.push_str(&format!(
             "<p class=\"note\">The stream was not read for this order: {}.</p>",
@@ -457,7 +477,7 @@ fn render_event(e: &TimelineEvent) -> String {
                 "<li><span class=\"badge {cls}\" title=\"{d}\">{name}: {state}</span></li>",
                 cls = match *state {
                     "applied" => "ok",
-                    "parked" => "bad",
+                    "parked" | "discarded" | "skipped" => "bad",
                     "held" | "pending" => "warn",
                     _ => "",
                 },

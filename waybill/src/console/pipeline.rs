@@ -12,8 +12,9 @@ use sqlx::PgPool;
 use tokio::sync::Mutex;
 
 use super::readside::{self, PROJECTIONS, ProjectionState};
-use super::relays::{self, MetricsUrl, RelayMetricsView};
+use super::relays::{self, RelayMetricsView};
 use super::stream::{ConsumerView, StreamSource, StreamView};
+use super::upstream::Endpoint;
 
 /// Samples kept: ten minutes at one sample every two seconds.
 pub const HISTORY_LEN: usize = 300;
@@ -92,7 +93,7 @@ impl Snapshot {
         pool: &PgPool,
         counter: &EventCounter,
         stream: &StreamSource,
-        relays: &[MetricsUrl],
+        relays: &[Endpoint],
     ) -> Self {
         // Scraped while the database and the stream are read: a relay that does not answer costs
         // the sample its timeout at most, not its timeout on top of the rest.

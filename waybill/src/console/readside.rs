@@ -128,6 +128,11 @@ pub struct OrderMarks {
     pub held: Vec<i64>,
     /// Open parked messages of this order: (parked id, version if known, reason).
     pub parked: Vec<(i64, Option<i64>, String)>,
+    /// Parked messages an operator discarded: (parked id, version if known, who, why).
+    pub discarded: Vec<(i64, Option<i64>, String, String)>,
+    /// Versions an operator's `held release` skipped: (first, last, who, why); first > last when
+    /// the release skipped nothing.
+    pub skipped: Vec<(i64, i64, String, String)>,
 }
 
 impl OrderMarks {
@@ -139,6 +144,17 @@ impl OrderMarks {
         if let Some(error) = &self.error {
             return ("unknown", error.clone());
         }
+        // Before "applied": a skipped version is below the checkpoint but was never applied.
+        if let Some((_, _, by, why)) = self
+            .skipped
+            .iter()
+            .find(|(first, last, _, _)| (*first..=*last).contains(&version))
+        {
+            return (
+                "skipped",
+                format!("never applied: skipped by {by}'s held release ({why})"),
+            );
+        }
         if self.checkpoint.is_some_and(|c| version <= c) {
             return ("applied", "applied (at or below its checkpoint)".to_owned());
         }
@@ -147,6 +163,15 @@ impl OrderMarks {
         }
         if self.held.contains(&version) {
             return ("held", "held, waiting for an earlier version".to_owned());
+        }
+        if let Some((id, _, by, why)) = self.discarded.iter().find(|d| d.1 == Some(version)) {
+            return (
+                "discarded",
+                format!(
+                    "parked as #{id}, discarded by {by} ({why}); later versions wait until a held \
+                     release skips it"
+                ),
+            );
         }
         ("pending", "not applied yet".to_owned())
     }
@@ -161,6 +186,8 @@ pub async fn order_marks(pool: &PgPool, name: &'static str, order: Uuid) -> Orde
         checkpoint: None,
         held: Vec::new(),
         parked: Vec::new(),
+        discarded: Vec::new(),
+        skipped: Vec::new(),
     };
     if let Err(error) = read_marks(pool, name, order, &mut marks).await {
         marks.error = Some(error.to_string());
@@ -195,6 +222,26 @@ async fn read_marks(
          WHERE aggregate_id = $1 AND redriven_at IS NULL AND discarded_at IS NULL ORDER BY id"
     )))
     .bind(order)
+    .fetch_all(pool)
+    .await?;
+    marks.discarded = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, aggregate_version, coalesce(discarded_by, ''), coalesce(discard_reason, '')
+         FROM \"{name}\".parked WHERE aggregate_id = $1 AND discarded_at IS NOT NULL ORDER BY id"
+    )))
+    .bind(order)
+    .fetch_all(pool)
+    .await?;
+    // The release records the versions it skipped in its detail: [first, last].
+    marks.skipped = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT (detail->'skipped_versions'->>0)::int8, (detail->'skipped_versions'->>1)::int8,
+                actor, reason
+         FROM \"{name}\".operator_log
+         WHERE action = 'held release' AND target = $1
+           AND jsonb_typeof(detail->'skipped_versions'->0) = 'number'
+           AND jsonb_typeof(detail->'skipped_versions'->1) = 'number'
+         ORDER BY id"
+    )))
+    .bind(order.to_string())
     .fetch_all(pool)
     .await?;
     Ok(())
@@ -282,4 +329,45 @@ pub async fn held(
     .fetch_all(pool)
     .await
     .map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skipped_and_discarded_versions_are_not_called_applied_or_pending() {
+        let marks = OrderMarks {
+            name: "inventory",
+            found: true,
+            error: None,
+            checkpoint: Some(3),
+            held: vec![6],
+            parked: vec![(7, Some(5), "bad total".into())],
+            discarded: vec![
+                (4, Some(2), "ana".into(), "forged".into()),
+                (8, Some(4), "ana".into(), "forged too".into()),
+            ],
+            skipped: vec![(2, 2, "ana".into(), "payment was forged".into())],
+        };
+        let states: Vec<&str> = (1..=7).map(|v| marks.verdict(v).0).collect();
+        assert_eq!(
+            states,
+            [
+                "applied",
+                "skipped",
+                "applied",
+                "discarded",
+                "parked",
+                "held",
+                "pending"
+            ]
+        );
+        assert!(marks.verdict(2).1.contains("ana's held release"));
+        let unread = OrderMarks {
+            found: false,
+            ..marks
+        };
+        assert_eq!(unread.verdict(1).0, "not found");
+    }
 }

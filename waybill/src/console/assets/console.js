@@ -116,21 +116,58 @@
     const input = document.querySelector("[data-token]");
     const result = document.querySelector("[data-result]");
     if (!input) return;
+    const by = document.querySelector("[data-by]");
+    const reason = document.querySelector("[data-reason]");
     input.value = sessionStorage.getItem("waybill-operator-token") || "";
     input.addEventListener("change", () => sessionStorage.setItem("waybill-operator-token", input.value));
+    if (by) {
+      by.value = sessionStorage.getItem("waybill-operator") || "";
+      by.addEventListener("change", () => sessionStorage.setItem("waybill-operator", by.value));
+    }
+    async function post(url, body) {
+      const response = await fetch(url, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Authorization: "Bearer " + input.value },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      return { response, answer: await response.json().catch(() => ({})) };
+    }
+    function refused(response, answer) {
+      result.textContent = "Refused (" + response.status + "): " + (answer.detail || "");
+    }
     for (const button of document.querySelectorAll("[data-replay]")) {
       button.addEventListener("click", async () => {
         const target = button.dataset.replay;
         if (target === "all" && !confirm("Replay every dead row?")) return;
-        const response = await fetch("/console/api/outbox/dead/replay", {
-          method: "POST",
-          headers: { "Content-Type": "application/json", Authorization: "Bearer " + input.value },
-          body: JSON.stringify({ target: target }),
-        });
-        const body = await response.json().catch(() => ({}));
-        result.textContent = response.ok
-          ? "Replayed " + body.replayed + " row(s); reload to see the list."
-          : "Refused (" + response.status + "): " + (body.detail || "");
+        const { response, answer } = await post("/console/api/outbox/dead/replay", { target: target });
+        if (!response.ok) return refused(response, answer);
+        result.textContent = "Replayed " + answer.replayed + " row(s); reload to see the list.";
+      });
+    }
+    // Redrive, discard and release in a projection (its operator API, through this service).
+    for (const button of document.querySelectorAll("[data-action]")) {
+      button.addEventListener("click", async () => {
+        if (button.dataset.confirm && !confirm(button.dataset.confirm)) return;
+        let body;
+        if ("needsReason" in button.dataset) {
+          if (!reason.value.trim() || !by.value.trim()) {
+            result.textContent = "Say who is acting and why first (both are kept in the operator log).";
+            (by.value.trim() ? reason : by).focus();
+            return;
+          }
+          body = { by: by.value.trim(), reason: reason.value.trim() };
+        }
+        button.disabled = true;
+        const { response, answer } = await post(button.dataset.action, body);
+        button.disabled = false;
+        if (!response.ok) return refused(response, answer);
+        if (Array.isArray(answer.redriven)) {
+          const parked = answer.redriven.filter((r) => r.outcome === "parked").length;
+          result.textContent = "Redrove " + answer.redriven.length + " message(s), " + parked +
+            " still parked; reload to see the list.";
+        } else {
+          result.textContent = "Done; reload to see the list.";
+        }
       });
     }
   }

@@ -1,0 +1,138 @@
+//! The operator's side of `run --listen`: what `redrive`, `parked discard` and `held release` do on
+//! the command line, over HTTP, so that the console (or a script) can do it without a shell on the
+//! projection's host. Off unless the projection runs with an operator token; then every call needs
+//! `Authorization: Bearer <token>` ([`ops::operator`]). Each call goes through the same runner
+//! methods as the command line, so it is recorded in the operator log with who and why.
+//!
+//! - `POST /operator/redrive` — re-applies every open parked message; answers what happened to each.
+//! - `POST /operator/parked/{id}/discard` with `{"by", "reason"}`.
+//! - `POST /operator/held/{order}/release` with `{"by", "reason"}`.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::held::HeldError;
+use crate::http::{Problem, checked};
+use crate::park::ParkedError;
+use crate::projection::Projection;
+use crate::runner::Runner;
+
+/// What the routes share.
+struct Operator<P: Projection> {
+    runner: Arc<Runner<P>>,
+    token: Option<ops::OperatorToken>,
+}
+
+/// The operator routes, to be merged into the read API's router.
+pub fn routes<P: Projection>(runner: Arc<Runner<P>>, token: Option<ops::OperatorToken>) -> Router {
+    Router::new()
+        .route("/operator/redrive", post(redrive::<P>))
+        .route("/operator/parked/{id}/discard", post(discard::<P>))
+        .route("/operator/held/{order}/release", post(release::<P>))
+        .with_state(Arc::new(Operator { runner, token }))
+}
+
+/// Who acts and why, for the operator log.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    /// Who is acting.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl Decision {
+    fn checked(body: Result<Json<Self>, JsonRejection>) -> Result<Self, Problem> {
+        let Json(decision) = body.map_err(|rejection| {
+            Problem::bad_request(format!(
+                "expected {{\"by\": \"who\", \"reason\": \"why\"}}: {}",
+                rejection.body_text()
+            ))
+        })?;
+        for (name, value) in [("by", &decision.by), ("reason", &decision.reason)] {
+            if checked(name, value)?.trim().is_empty() {
+                return Err(Problem::bad_request(format!("{name} must not be empty")));
+            }
+        }
+        Ok(decision)
+    }
+}
+
+fn admit<P: Projection>(operator: &Operator<P>, headers: &HeaderMap) -> Result<(), Problem> {
+    ops::operator::authorize(operator.token.as_ref(), headers).map_err(|denied| {
+        tracing::warn!(projection = P::NAME, ?denied, "operator call refused");
+        Problem::denied(denied)
+    })
+}
+
+async fn redrive<P: Projection>(
+    State(operator): State<Arc<Operator<P>>>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    admit(&operator, &headers)?;
+    let report = operator
+        .runner
+        .redrive()
+        .await
+        .map_err(|error| Problem::unavailable("the redrive", &error))?;
+    tracing::info!(
+        projection = P::NAME,
+        messages = report.len(),
+        "redrive done over the operator API"
+    );
+    Ok(Json(json!({"projection": P::NAME, "redriven": report})).into_response())
+}
+
+async fn discard<P: Projection>(
+    State(operator): State<Arc<Operator<P>>>,
+    headers: HeaderMap,
+    id: Result<Path<i64>, axum::extract::rejection::PathRejection>,
+    body: Result<Json<Decision>, JsonRejection>,
+) -> Result<Response, Problem> {
+    admit(&operator, &headers)?;
+    let Path(id) = id?;
+    let decision = Decision::checked(body)?;
+    match operator
+        .runner
+        .discard(id, &decision.by, &decision.reason)
+        .await
+    {
+        Ok(done) => Ok(Json(done).into_response()),
+        Err(error @ ParkedError::DiscardRefused { .. }) => {
+            Err(Problem::conflict(ops::error_chain(&error)))
+        }
+        Err(error) => Err(Problem::unavailable("the discard", &error)),
+    }
+}
+
+async fn release<P: Projection>(
+    State(operator): State<Arc<Operator<P>>>,
+    headers: HeaderMap,
+    order: Result<Path<Uuid>, axum::extract::rejection::PathRejection>,
+    body: Result<Json<Decision>, JsonRejection>,
+) -> Result<Response, Problem> {
+    admit(&operator, &headers)?;
+    let Path(order) = order?;
+    let decision = Decision::checked(body)?;
+    match operator
+        .runner
+        .release(order, &decision.by, &decision.reason)
+        .await
+    {
+        Ok(done) => Ok(Json(done).into_response()),
+        Err(error @ HeldError::ReleaseRefused { .. }) => {
+            Err(Problem::conflict(ops::error_chain(&error)))
+        }
+        Err(error) => Err(Problem::unavailable("the release", &error)),
+    }
+}
