@@ -143,8 +143,13 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct ConsoleArgs {
     /// Serve no console: /console and everything under it answer 404.
-    #[arg(long, env = "WAYBILL_NO_CONSOLE")]
+    #[arg(long, env = "WAYBILL_NO_CONSOLE", conflicts_with = "console_listen")]
     pub no_console: bool,
+
+    /// Serve the console on this address instead of the API's (e.g. on loopback or an operators'
+    /// network, while the API faces clients): the console shows every order and every parked body.
+    #[arg(long, env = "WAYBILL_CONSOLE_LISTEN", value_name = "ADDR")]
+    pub console_listen: Option<std::net::SocketAddr>,
 
     /// The NATS server the console reads the stream from (the service starts and serves orders
     /// without it; the console then shows the stream as unavailable). Boxed: its many optional

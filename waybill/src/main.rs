@@ -145,14 +145,22 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
         })
     });
     let edge = args.edge.config();
-    let api = ops::serve_with(
-        args.listen,
-        with_console(http::router(store), database_url, args.console).await?,
-        ops::shutdown_signal(),
-        edge,
-    )
-    .await
-    .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let console_listen = args.console.console_listen;
+    let console = console(database_url, args.console).await?;
+    let (api_routes, console) = match (console, console_listen) {
+        (Some(console), Some(listen)) => {
+            let served = ops::serve_with(listen, console, ops::shutdown_signal(), edge)
+                .await
+                .with_context(|| format!("cannot listen on {listen} for the console"))?;
+            tracing::info!(console = %served.address, "console on its own address");
+            (http::router(store), Some(served))
+        }
+        (Some(console), None) => (http::router(store).merge(console), None),
+        (None, _) => (http::router(store), None),
+    };
+    let api = ops::serve_with(args.listen, api_routes, ops::shutdown_signal(), edge)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
     let telemetry = ops::serve_with(
         args.metrics_listen,
         ops::telemetry_routes(metrics, health),
@@ -162,18 +170,22 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
     .await
     .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
     tracing::info!(api = %api.address, metrics = %telemetry.address, "order service listening");
-    tokio::join!(api.stopped(), telemetry.stopped());
+    let console_stopped = async {
+        if let Some(console) = console {
+            console.stopped().await;
+        }
+    };
+    tokio::join!(api.stopped(), telemetry.stopped(), console_stopped);
     Ok(())
 }
 
-/// The order service's routes with the console's beside them (unless `--no-console`).
-async fn with_console(
-    api: axum::Router,
+/// The console's routes, unless `--no-console`.
+async fn console(
     database_url: &str,
     args: cli::ConsoleArgs,
-) -> anyhow::Result<axum::Router> {
+) -> anyhow::Result<Option<axum::Router>> {
     if args.no_console {
-        return Ok(api);
+        return Ok(None);
     }
     // Its own small pool: a console left open must never take the order service's connections.
     // The statement timeout bounds each sample's queries: on a slow database, samples fail (and
@@ -202,7 +214,7 @@ async fn with_console(
         relay_metrics: args.relay_metrics,
         projection_apis: args.projection_apis,
     };
-    Ok(api.merge(waybill::console::router(pool, config)))
+    Ok(Some(waybill::console::router(pool, config)))
 }
 
 async fn order_command(

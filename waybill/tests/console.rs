@@ -976,3 +976,49 @@ async fn projection_actions_go_through_the_projections_operator_api(pool: PgPool
         );
     }
 }
+
+/// `--console-listen` puts the console on its own address (an operators' network) and takes it off
+/// the API's, which keeps serving orders; `--no-console` with it is refused.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn the_console_can_have_its_own_address(pool: PgPool) {
+    let store = EventStore::new(pool.clone());
+    let order = testkit::place_order(&store, "ines", &["MUG:1:100"]).await;
+    let port = testkit::free_port().expect("port");
+    let service = Service::start_with(
+        &pool,
+        &[
+            "--nats-url",
+            "nats://127.0.0.1:1",
+            "--console-listen",
+            &format!("127.0.0.1:{port}"),
+        ],
+    )
+    .await;
+    let status = |url: String| {
+        let request = service.client.get(url);
+        async move { request.send().await.expect("answers").status().as_u16() }
+    };
+    let console = format!("http://127.0.0.1:{port}");
+    let id = order.as_uuid();
+    assert_eq!(status(format!("{console}/console")).await, 200);
+    assert_eq!(status(format!("{console}/console/orders/{id}")).await, 200);
+    assert_eq!(
+        status(format!("{}/console", service.base)).await,
+        404,
+        "not on the API's address"
+    );
+    assert_eq!(status(format!("{}/orders/{id}", service.base)).await, 200);
+    assert_eq!(
+        status(format!("{console}/orders/{id}")).await,
+        404,
+        "no API on the console's address"
+    );
+    drop(service);
+
+    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill"))
+        .args(["serve", "--no-console", "--console-listen", "127.0.0.1:1"])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(refused.status.code(), Some(2), "a usage error");
+}
