@@ -143,6 +143,7 @@ fn place_command() -> anyhow::Result<domain::OrderCommand> {
         customer_id: domain::CustomerId::parse("alice")?,
         currency: domain::Currency::parse("EUR")?,
         lines: vec![domain::OrderLine::parse("MUG-BLUE:2:1250")?],
+        channel: domain::Channel::Web,
     }))
 }
 

@@ -7,6 +7,7 @@
 use serde_json::{Value, json};
 
 use crate::event::OrderEvent;
+use crate::values::Channel;
 
 /// One payload schema.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,10 +31,32 @@ fn object(title: &str, required: &[&str], properties: Value) -> Value {
     })
 }
 
+fn cents() -> Value {
+    json!({"type": "integer", "minimum": 1, "maximum": 1_000_000_000_000_i64})
+}
+
+/// The fields `order.placed` has had since v2.
+fn placed_fields() -> Value {
+    json!({
+        "customer_id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$"},
+        "currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        "lines": {"type": "array", "maxItems": 500, "items": {
+            "type": "object", "additionalProperties": false,
+            "required": ["sku", "quantity", "unit_price_cents"],
+            "properties": {
+                "sku": {"type": "string", "pattern": "^[A-Z0-9_-]{1,32}$"},
+                "quantity": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                "unit_price_cents": cents(),
+            }
+        }},
+        "total_cents": {"type": "integer", "minimum": 0},
+    })
+}
+
 /// Every payload schema, oldest version first within a type.
 pub fn payload_schemas() -> Vec<PayloadSchema> {
     let text = |max: u32| json!({"type": "string", "maxLength": max});
-    let cents = json!({"type": "integer", "minimum": 1, "maximum": 1_000_000_000_000_i64});
+    let cents = cents();
     vec![
         PayloadSchema {
             event_type: OrderEvent::PLACED,
@@ -53,20 +76,23 @@ pub fn payload_schemas() -> Vec<PayloadSchema> {
             schema: object(
                 "order.placed v2",
                 &["customer_id", "currency", "lines", "total_cents"],
-                json!({
-                    "customer_id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$"},
-                    "currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
-                    "lines": {"type": "array", "maxItems": 500, "items": {
-                        "type": "object", "additionalProperties": false,
-                        "required": ["sku", "quantity", "unit_price_cents"],
-                        "properties": {
-                            "sku": {"type": "string", "pattern": "^[A-Z0-9_-]{1,32}$"},
-                            "quantity": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
-                            "unit_price_cents": cents,
-                        }
-                    }},
-                    "total_cents": {"type": "integer", "minimum": 0},
-                }),
+                placed_fields(),
+            ),
+        },
+        PayloadSchema {
+            event_type: OrderEvent::PLACED,
+            event_version: 3,
+            schema: object(
+                "order.placed v3",
+                &["customer_id", "currency", "lines", "total_cents", "channel"],
+                {
+                    let mut fields = placed_fields();
+                    fields["channel"] = json!({
+                        "type": "string",
+                        "enum": Channel::ALL.map(Channel::as_str),
+                    });
+                    fields
+                },
             ),
         },
         PayloadSchema {

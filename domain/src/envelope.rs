@@ -6,7 +6,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::event::{AGGREGATE_TYPE, OrderEvent, PayloadError};
-use crate::upcast::{UpcastError, Upcasters};
+use crate::upcast::{DowncastError, UpcastError, Upcasters, WriteVersions};
 use crate::values::OrderId;
 
 /// One stored or published event with its routing and tracing facts.
@@ -87,6 +87,30 @@ impl EventEnvelope {
             causation_id: meta.causation_id,
             payload: event.to_payload(),
         }
+    }
+
+    /// Like [`EventEnvelope::wrap`], but in the version `writes` asks for (downcast from the
+    /// current one), or why the event cannot be written that way.
+    pub fn wrap_as(
+        event: &OrderEvent,
+        order_id: OrderId,
+        aggregate_version: i64,
+        meta: EventMeta,
+        writes: &WriteVersions,
+        upcasters: &Upcasters,
+    ) -> Result<Self, DowncastError> {
+        let mut envelope = Self::wrap(event, order_id, aggregate_version, meta);
+        if let Some(version) = writes.get(&envelope.event_type)
+            && version != envelope.event_version
+        {
+            envelope.payload = upcasters.downcast(
+                &envelope.event_type,
+                std::mem::take(&mut envelope.payload),
+                version,
+            )?;
+            envelope.event_version = version;
+        }
+        Ok(envelope)
     }
 
     /// Parses a message body.

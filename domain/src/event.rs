@@ -6,9 +6,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::values::{Cents, Currency, CustomerId, Note, OrderLine};
+use crate::values::{Cents, Channel, Currency, CustomerId, Note, OrderLine};
 
-/// `order.placed`, version 2: who ordered what, in which currency, for how much.
+/// `order.placed`, version 3: who ordered what, in which currency, for how much, through which sales
+/// channel. (v2 had no channel; v1 was the legacy `{order_no, amount_cents}`.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OrderPlaced {
@@ -20,6 +21,8 @@ pub struct OrderPlaced {
     pub lines: Vec<OrderLine>,
     /// Sum of quantity × unit price over the lines.
     pub total_cents: i64,
+    /// Where the order was placed.
+    pub channel: Channel,
 }
 
 /// `order.paid`, version 1: the order total was paid.
@@ -69,7 +72,7 @@ pub const AGGREGATE_TYPE: &str = "order";
 /// Every event type with its current payload version. Adding a version means bumping it here, adding an
 /// upcaster from the previous version and a golden fixture for the new one.
 pub const CURRENT_VERSIONS: &[(&str, i32)] = &[
-    (OrderEvent::PLACED, 2),
+    (OrderEvent::PLACED, 3),
     (OrderEvent::PAID, 1),
     (OrderEvent::CANCELLED, 1),
     (OrderEvent::SHIPPED, 1),

@@ -20,7 +20,7 @@ pub use event::{
 pub use order::{
     CancelOrder, Order, OrderCommand, OrderError, OrderStatus, PayOrder, PlaceOrder, ShipOrder,
 };
-pub use upcast::{UpcastError, Upcasters};
+pub use upcast::{DowncastError, UpcastError, Upcasters, WriteVersions};
 pub use values::{
-    Cents, Currency, CustomerId, Note, OrderId, OrderLine, Quantity, Sku, ValueError,
+    Cents, Channel, Currency, CustomerId, Note, OrderId, OrderLine, Quantity, Sku, ValueError,
 };

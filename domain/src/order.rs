@@ -9,7 +9,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::event::{OrderCancelled, OrderEvent, OrderPaid, OrderPlaced, OrderShipped};
-use crate::values::{Cents, Currency, CustomerId, Note, OrderId, OrderLine, ValueError};
+use crate::values::{Cents, Channel, Currency, CustomerId, Note, OrderId, OrderLine, ValueError};
 
 /// Place a new order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -20,6 +20,8 @@ pub struct PlaceOrder {
     pub currency: Currency,
     /// One or more lines, each SKU at most once.
     pub lines: Vec<OrderLine>,
+    /// Where it is placed.
+    pub channel: Channel,
 }
 
 /// Pay a placed order in full.
@@ -172,6 +174,8 @@ pub struct Order {
     pub lines: Vec<OrderLine>,
     /// What it costs.
     pub total_cents: i64,
+    /// Where it was placed (`None` until placed).
+    pub channel: Option<Channel>,
     /// What was paid (0 until paid; it stays set after a refunding cancel, as the record of payment).
     pub paid_cents: i64,
     /// The payment reference, when paid with one.
@@ -198,6 +202,7 @@ impl Order {
             currency: None,
             lines: Vec::new(),
             total_cents: 0,
+            channel: None,
             paid_cents: 0,
             payment_ref: None,
             cancel_reason: None,
@@ -274,6 +279,7 @@ impl Order {
                 self.currency = Some(placed.currency.clone());
                 self.lines = placed.lines.clone();
                 self.total_cents = placed.total_cents;
+                self.channel = Some(placed.channel);
             }
             OrderEvent::Paid(paid) => {
                 self.status = OrderStatus::Paid;
@@ -338,6 +344,7 @@ fn decide_place(place: &PlaceOrder) -> Result<OrderPlaced, OrderError> {
         currency: place.currency.clone(),
         lines: place.lines.clone(),
         total_cents,
+        channel: place.channel,
     })
 }
 
@@ -367,6 +374,7 @@ mod tests {
             customer_id: CustomerId::parse("alice").expect("customer"),
             currency: Currency::parse("EUR").expect("currency"),
             lines,
+            channel: Channel::Store,
         })
     }
 

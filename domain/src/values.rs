@@ -403,9 +403,83 @@ impl OrderLine {
     }
 }
 
+/// Where an order was placed: its sales channel (`order.placed` v3). Orders placed before channels
+/// were recorded are read as [`Channel::Web`], the only channel the shop had then.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Channel {
+    /// The web shop (and every order from before v3).
+    #[default]
+    Web,
+    /// The mobile app.
+    App,
+    /// A physical store's till.
+    Store,
+    /// Taken by phone.
+    Phone,
+    /// A third-party marketplace.
+    Marketplace,
+}
+
+impl Channel {
+    /// Every channel, as written in payloads and on the command line.
+    pub const ALL: [Channel; 5] = [
+        Self::Web,
+        Self::App,
+        Self::Store,
+        Self::Phone,
+        Self::Marketplace,
+    ];
+
+    /// The name in payloads: `web`, `app`, `store`, `phone`, `marketplace`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Web => "web",
+            Self::App => "app",
+            Self::Store => "store",
+            Self::Phone => "phone",
+            Self::Marketplace => "marketplace",
+        }
+    }
+
+    /// Accepts one of the names of [`Channel::ALL`].
+    pub fn parse(text: &str) -> Result<Self, ValueError> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.as_str() == text)
+            .ok_or_else(|| {
+                ValueError::new(
+                    "channel",
+                    text,
+                    "it must be one of web, app, store, phone, marketplace",
+                )
+            })
+    }
+}
+
+impl fmt::Display for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn channels_parse_by_their_payload_names_only() {
+        for channel in Channel::ALL {
+            assert_eq!(Channel::parse(channel.as_str()), Ok(channel));
+            assert_eq!(
+                serde_json::to_value(channel).expect("encodes"),
+                serde_json::json!(channel.as_str())
+            );
+        }
+        for bad in ["", "Web", "WEB", "fax", "web\0"] {
+            assert!(Channel::parse(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_well_formed_line_parses() {

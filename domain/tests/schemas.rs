@@ -1,8 +1,10 @@
 //! Published payload schemas never change: each `(event_type, event_version)` schema in the code must
-//! equal its committed copy under `domain/schemas/`, every version that can exist must have one, and
-//! every golden fixture — and every older fixture once upcast to its type's current version — must be
-//! valid against its committed schema, every keyword enforced (types, required and extra fields,
-//! patterns, bounds, lengths, item counts, enums, formats) by the `jsonschema` crate.
+//! equal its committed copy under `domain/schemas/` — a released version's (listed in
+//! `domain/schemas/released.json`) for ever, an unreleased one's until it is regenerated — every
+//! version that can exist must have one, and every golden fixture — and every older fixture once
+//! upcast to its type's current version — must be valid against its committed schema, every keyword
+//! enforced (types, required and extra fields, patterns, bounds, lengths, item counts, enums, formats)
+//! by the `jsonschema` crate.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -104,34 +106,333 @@ fn validate(what: &str, payload: &Value, event_type: &str, version: i32) -> Resu
     Err(report)
 }
 
+/// Where released versions are listed, as messages name it.
+const RELEASED_FILE: &str = "domain/schemas/released.json";
+
+/// Every released `(event_type, event_version)`: its schema may never change again.
+fn released() -> BTreeSet<(String, i32)> {
+    let path = dir("schemas").join("released.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{RELEASED_FILE} cannot be read: {e}"));
+    let document: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{RELEASED_FILE} is not JSON: {e}"));
+    let types = document["released"].as_object().unwrap_or_else(|| {
+        panic!(r#"{RELEASED_FILE} must be {{"released": {{"<type>": [<version>, …]}}}}"#)
+    });
+    let mut found = BTreeSet::new();
+    for (event_type, versions) in types {
+        let versions = versions.as_array().unwrap_or_else(|| {
+            panic!("{RELEASED_FILE}: the versions of {event_type} must be a list")
+        });
+        for version in versions {
+            let version = version
+                .as_i64()
+                .and_then(|v| i32::try_from(v).ok())
+                .unwrap_or_else(|| {
+                    panic!("{RELEASED_FILE}: {event_type} lists {version}, not a version number")
+                });
+            found.insert((event_type.clone(), version));
+        }
+    }
+    found
+}
+
+/// The command that writes a version's committed file from the catalog.
+fn write_command(event_type: &str, version: i32) -> String {
+    format!("waybill schema show {event_type} --version {version} --write domain/schemas")
+}
+
+/// A schema as `waybill schema show --write` writes it: pretty JSON and a final newline.
+fn pretty(schema: &Value) -> String {
+    let mut text = serde_json::to_string_pretty(schema).expect("a JSON value serialises");
+    text.push('\n');
+    text
+}
+
+/// `old` and `new` line by line, as a reader wants it: `-` only in `old`, `+` only in `new`, two
+/// lines of context around each change and `…` for the unchanged lines between (a longest common
+/// subsequence of lines; schemas are a few dozen lines).
+fn line_diff(old: &str, new: &str) -> String {
+    const CONTEXT: usize = 2;
+    let (a, b): (Vec<&str>, Vec<&str>) = (old.lines().collect(), new.lines().collect());
+    let (n, m) = (a.len(), b.len());
+    let mut common = vec![vec![0_usize; m + 1]; n + 1];
+    for i in (0..n).rev() {
+        for j in (0..m).rev() {
+            common[i][j] = if a[i] == b[j] {
+                common[i + 1][j + 1] + 1
+            } else {
+                common[i + 1][j].max(common[i][j + 1])
+            };
+        }
+    }
+    let mut lines: Vec<(char, &str)> = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < n || j < m {
+        if i < n && j < m && a[i] == b[j] {
+            lines.push((' ', a[i]));
+            (i, j) = (i + 1, j + 1);
+        } else if i < n && (j == m || common[i + 1][j] >= common[i][j + 1]) {
+            lines.push(('-', a[i]));
+            i += 1;
+        } else {
+            lines.push(('+', b[j]));
+            j += 1;
+        }
+    }
+    let near_a_change = |k: usize| {
+        lines[k.saturating_sub(CONTEXT)..(k + CONTEXT + 1).min(lines.len())]
+            .iter()
+            .any(|(mark, _)| *mark != ' ')
+    };
+    let mut out = String::new();
+    let mut skipping = false;
+    for (k, (mark, line)) in lines.iter().enumerate() {
+        if near_a_change(k) {
+            out.push_str(&format!("  {mark} {line}\n"));
+            skipping = false;
+        } else if !skipping {
+            out.push_str("    …\n");
+            skipping = true;
+        }
+    }
+    out
+}
+
+/// Checks the catalog's schema `code` of `event_type` v`version` against its committed file
+/// (`None`: there is none); the error says what to do, which depends on whether it is `released`.
+fn check_committed(
+    event_type: &str,
+    version: i32,
+    code: &Value,
+    committed: Option<&Value>,
+    released: bool,
+) -> Result<(), String> {
+    let file = schema_file(event_type, version);
+    let Some(committed) = committed else {
+        return Err(format!(
+            "{event_type} v{version} has no committed schema: add {file}, written from the catalog by: {}",
+            write_command(event_type, version)
+        ));
+    };
+    if committed == code {
+        return Ok(());
+    }
+    let diff = format!(
+        "  --- {file} (committed)\n  +++ domain/src/catalog.rs (the code)\n{}",
+        line_diff(&pretty(committed), &pretty(code))
+    );
+    Err(if released {
+        format!(
+            "{file} differs from {event_type} v{version}'s schema in domain/src/catalog.rs, and v{version} \
+             is released ({RELEASED_FILE}):\n{diff}\
+             A released schema may never change: undo the change in domain/src/catalog.rs and publish a \
+             new version instead (waybill schema new-version {event_type}, then its checklist)."
+        )
+    } else {
+        format!(
+            "{file} differs from {event_type} v{version}'s schema in domain/src/catalog.rs:\n{diff}\
+             v{version} is not released (not in {RELEASED_FILE}), so it may still change; if the code is \
+             right, regenerate it: {}",
+            write_command(event_type, version)
+        )
+    })
+}
+
 #[test]
-fn every_published_schema_is_unchanged() {
-    for entry in payload_schemas() {
-        let Some(committed) = committed(entry.event_type, entry.event_version) else {
+fn every_schema_equals_its_committed_file() {
+    let released = released();
+    // All failures at once: a new version's file and a changed old one are often found together.
+    let failures: Vec<String> = payload_schemas()
+        .into_iter()
+        .filter_map(|entry| {
+            let (event_type, version) = (entry.event_type, entry.event_version);
+            check_committed(
+                event_type,
+                version,
+                &entry.schema,
+                committed(event_type, version).as_ref(),
+                released.contains(&(event_type.to_owned(), version)),
+            )
+            .err()
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn every_committed_schema_is_written_as_waybill_writes_it() {
+    // So that `waybill schema show --write` reproduces a committed file byte for byte, and a
+    // regenerated file's diff in review shows only what changed.
+    let mut failures = Vec::new();
+    for (event_type, version, path) in committed_files() {
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let schema: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not JSON: {e}", schema_file(&event_type, version)));
+        if text != pretty(&schema) {
+            failures.push(format!(
+                "{} is not laid out as `waybill schema show --write` writes it (pretty JSON, keys in \
+                 order, a final newline):\n{}rewrite it: {}",
+                schema_file(&event_type, version),
+                line_diff(&text, &pretty(&schema)),
+                write_command(&event_type, version)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Every `<type>.v<N>.schema.json` under `domain/schemas/`, as `(type, version, path)`; a file there
+/// that is neither such a schema nor `released.json` fails the test.
+fn committed_files() -> Vec<(String, i32, PathBuf)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir("schemas")).expect("domain/schemas/ exists") {
+        let path = entry.expect("readable entry").path();
+        let name = path
+            .file_name()
+            .expect("file name")
+            .to_string_lossy()
+            .into_owned();
+        if name == "released.json" {
+            continue;
+        }
+        let parsed = name
+            .strip_suffix(".schema.json")
+            .and_then(|stem| stem.rsplit_once(".v"))
+            .and_then(|(event_type, v)| Some((event_type.to_owned(), v.parse::<i32>().ok()?)));
+        let Some((event_type, version)) = parsed else {
             panic!(
-                "{} v{} has no committed schema: add {} (from `waybill schema`)",
-                entry.event_type,
-                entry.event_version,
-                schema_file(entry.event_type, entry.event_version)
+                "domain/schemas/{name} is not named <type>.v<N>.schema.json (nor released.json)"
             );
         };
-        assert_eq!(
-            entry.schema, committed,
-            "the schema of published {} v{} changed; publish a new version (with an upcaster and a fixture) instead",
-            entry.event_type, entry.event_version
-        );
+        found.push((event_type, version, path));
     }
+    found.sort();
+    found
 }
 
 #[test]
 fn every_version_that_can_exist_has_a_schema() {
     let expected: BTreeSet<(String, i32)> =
         Upcasters::orders().all_versions().into_iter().collect();
-    let present: BTreeSet<(String, i32)> = payload_schemas()
+    let in_catalog: BTreeSet<(String, i32)> = payload_schemas()
         .into_iter()
         .map(|s| (s.event_type.to_owned(), s.event_version))
         .collect();
-    assert_eq!(present, expected);
+    let mut problems = Vec::new();
+    for (event_type, version) in expected.difference(&in_catalog) {
+        problems.push(format!(
+            "missing: {event_type} v{version} can exist (CURRENT_VERSIONS in domain/src/event.rs) but \
+             domain/src/catalog.rs has no schema for it; add it there, then {} ({})",
+            schema_file(event_type, *version),
+            write_command(event_type, *version)
+        ));
+    }
+    for (event_type, version) in in_catalog.difference(&expected) {
+        problems.push(format!(
+            "extra: {event_type} v{version} is in domain/src/catalog.rs but no such version can exist \
+             (CURRENT_VERSIONS in domain/src/event.rs, upcasters in domain/src/upcast.rs): finish that \
+             version or remove its schema"
+        ));
+    }
+    for (event_type, version, _) in committed_files() {
+        if !expected.contains(&(event_type.clone(), version)) {
+            problems.push(format!(
+                "extra: {} is committed, but {event_type} v{version} cannot exist (CURRENT_VERSIONS in \
+                 domain/src/event.rs): finish that version or remove the file",
+                schema_file(&event_type, version)
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the catalog's versions and the versions that can exist differ:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn every_released_version_is_in_the_catalog() {
+    let in_catalog: BTreeSet<(String, i32)> = payload_schemas()
+        .into_iter()
+        .map(|s| (s.event_type.to_owned(), s.event_version))
+        .collect();
+    let unknown: Vec<String> = released()
+        .into_iter()
+        .filter(|key| !in_catalog.contains(key))
+        .map(|(event_type, version)| {
+            format!(
+                "{event_type} v{version} (no schema in domain/src/catalog.rs, no {})",
+                schema_file(&event_type, version)
+            )
+        })
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "{RELEASED_FILE} lists versions the catalog does not have — a released version cannot be \
+         taken back, so add it, or correct the list if it was never published:\n  {}",
+        unknown.join("\n  ")
+    );
+}
+
+#[test]
+fn a_changed_released_schema_is_refused_with_a_readable_diff() {
+    let code = json!({"title": "x v1", "type": "object", "properties": {"a": {"type": "string", "maxLength": 10}}});
+    let committed = json!({"title": "x v1", "type": "object", "properties": {"a": {"type": "string", "maxLength": 20}}});
+    let report = check_committed("order.x", 1, &code, Some(&committed), true)
+        .expect_err("the schemas differ");
+    for expected in [
+        "domain/schemas/order.x.v1.schema.json",
+        "is released",
+        "  -       \"maxLength\": 20,\n  +       \"maxLength\": 10,\n",
+        "publish a new version",
+    ] {
+        assert!(
+            report.contains(expected),
+            "{expected:?} is missing from:\n{report}"
+        );
+    }
+    assert!(!report.contains("regenerate"), "{report}");
+    assert_eq!(
+        check_committed("order.x", 1, &code, Some(&code), true),
+        Ok(())
+    );
+}
+
+#[test]
+fn a_changed_unreleased_schema_is_to_be_regenerated() {
+    let code = json!({"title": "x v2", "type": "object"});
+    let committed = json!({"title": "x v2", "type": "array"});
+    let report = check_committed("order.x", 2, &code, Some(&committed), false)
+        .expect_err("the schemas differ");
+    for expected in [
+        "domain/schemas/order.x.v2.schema.json",
+        "  -   \"type\": \"array\"\n  +   \"type\": \"object\"\n",
+        "regenerate it: waybill schema show order.x --version 2 --write domain/schemas",
+    ] {
+        assert!(
+            report.contains(expected),
+            "{expected:?} is missing from:\n{report}"
+        );
+    }
+    assert!(!report.contains("publish a new version"), "{report}");
+    let missing = check_committed("order.x", 2, &code, None, false).expect_err("no file");
+    assert!(
+        missing.contains("add domain/schemas/order.x.v2.schema.json")
+            && missing.contains("waybill schema show order.x --version 2 --write domain/schemas"),
+        "{missing}"
+    );
+}
+
+#[test]
+fn the_line_diff_keeps_context_and_skips_the_rest() {
+    let old = "a\nb\nc\nd\ne\nf\ng\nh\n";
+    let new = "a\nb\nc\nd\nE\nf\ng\nh\n";
+    assert_eq!(
+        line_diff(old, new),
+        "    …\n    c\n    d\n  - e\n  + E\n    f\n    g\n    …\n"
+    );
+    assert_eq!(line_diff("x\n", "x\ny\n"), "    x\n  + y\n");
 }
 
 #[test]

@@ -94,6 +94,31 @@ pub struct Connection {
     /// How long the broker waits for an ack before redelivering a message.
     #[arg(long, default_value_t = RunnerConfig::default().ack_wait.into(), global = true)]
     pub ack_wait: humantime::Duration,
+
+    /// Read as if this code knew no version of TYPE above VERSION (e.g. order.placed=2): newer events
+    /// are parked exactly as an older binary would park them, and `redrive` without the flag applies
+    /// them later. For rehearsing a rollout; repeatable (comma-separated in the environment variable).
+    #[arg(long = "max-version", env = "WAYBILL_MAX_VERSIONS", value_name = "TYPE=VERSION", value_delimiter = ',', value_parser = max_version, global = true)]
+    pub max_versions: Vec<(String, i32)>,
+}
+
+fn max_version(text: &str) -> Result<(String, i32), String> {
+    let (event_type, version) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not TYPE=VERSION (e.g. order.placed=2)"))?;
+    let event_type = event_type.trim();
+    let current = domain::event::current_version(event_type)
+        .ok_or_else(|| format!("unknown event type {event_type:?}"))?;
+    let version: i32 = version
+        .trim()
+        .parse()
+        .map_err(|_| format!("{version:?} is not a version number"))?;
+    if !(1..=current).contains(&version) {
+        return Err(format!(
+            "{event_type} has versions 1 to {current}; {version} is not one of them"
+        ));
+    }
+    Ok((event_type.to_owned(), version))
 }
 
 /// The commands every projection has.
@@ -244,6 +269,7 @@ impl Connection {
             subject_prefix: self.shared.subject_prefix.clone(),
             batch_size: self.batch_size.max(1),
             ack_wait: self.ack_wait.into(),
+            max_versions: self.max_versions.clone(),
             ..RunnerConfig::default()
         }
     }

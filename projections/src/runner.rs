@@ -54,6 +54,9 @@ pub struct RunnerConfig {
     pub linger: Duration,
     /// Where to stop on purpose (tests reproduce crashes with it).
     pub fail_point: FailPoint,
+    /// The newest payload version to accept per event type (`--max-version`): newer ones are parked
+    /// as an older binary would park them, to rehearse a rollout. Empty: every version this code knows.
+    pub max_versions: Vec<(String, i32)>,
 }
 
 impl Default for RunnerConfig {
@@ -66,6 +69,7 @@ impl Default for RunnerConfig {
             max_ack_pending: 10_000,
             linger: Duration::from_millis(2),
             fail_point: FailPoint::None,
+            max_versions: Vec::new(),
         }
     }
 }
@@ -160,8 +164,13 @@ impl<P: Projection> Runner<P> {
             pool,
             jetstream: jetstream::new(client.clone()),
             client,
+            upcasters: config
+                .max_versions
+                .iter()
+                .fold(Upcasters::orders(), |upcasters, (event_type, max)| {
+                    upcasters.capped(event_type, *max)
+                }),
             config,
-            upcasters: Upcasters::orders(),
             database_url: database_url.to_owned(),
             schema: P::NAME.to_owned(),
             consumer_name: P::NAME.to_owned(),

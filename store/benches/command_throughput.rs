@@ -145,6 +145,7 @@ async fn measure(
     let command = OrderCommand::Place(PlaceOrder {
         customer_id: CustomerId::parse("bench")?,
         currency: Currency::parse("EUR")?,
+        channel: domain::Channel::Web,
         lines: vec![
             OrderLine::parse("MUG-BLUE:2:1250")?,
             OrderLine::parse("TEA:1:500")?,

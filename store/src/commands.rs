@@ -4,7 +4,10 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, SubsecRound, Utc};
-use domain::{EventEnvelope, EventMeta, Order, OrderCommand, OrderError, OrderId, Upcasters};
+use domain::{
+    DowncastError, EventEnvelope, EventMeta, Order, OrderCommand, OrderError, OrderId, Upcasters,
+    WriteVersions,
+};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -77,6 +80,10 @@ pub enum CommandError {
     /// The idempotency key is empty or too long.
     #[error("idempotency key must be 1 to 200 characters")]
     InvalidKey,
+    /// The events cannot be written in the older version this store writes (`--write-version`):
+    /// nothing was written.
+    #[error("the command's events cannot be written")]
+    Unrepresentable(#[source] DowncastError),
     /// The order's history could not be read.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -93,7 +100,11 @@ impl CommandError {
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            Self::Refused(_) | Self::StaleVersion { .. } | Self::KeyReused(_) | Self::InvalidKey
+            Self::Refused(_)
+                | Self::StaleVersion { .. }
+                | Self::KeyReused(_)
+                | Self::InvalidKey
+                | Self::Unrepresentable(_)
         )
     }
 }
@@ -104,6 +115,7 @@ pub struct EventStore {
     pool: PgPool,
     upcasters: Arc<Upcasters>,
     notifier: Option<OutboxNotifier>,
+    writes: Arc<WriteVersions>,
 }
 
 impl EventStore {
@@ -113,7 +125,15 @@ impl EventStore {
             pool,
             upcasters: Arc::new(Upcasters::orders()),
             notifier: None,
+            writes: Arc::new(WriteVersions::default()),
         }
+    }
+
+    /// Writes the payload versions `writes` asks for instead of the current ones (the expand phase
+    /// of a rollout: readers that know only the older version are still running).
+    pub fn with_write_versions(mut self, writes: WriteVersions) -> Self {
+        self.writes = Arc::new(writes);
+        self
     }
 
     /// Pokes `notifier` after every successful append, so relays wake without polling.
@@ -202,9 +222,17 @@ impl EventStore {
                         correlation_id: Some(correlation_id),
                         causation_id: Some(causation_id),
                     };
-                    EventEnvelope::wrap(event, order_id, version, meta)
+                    EventEnvelope::wrap_as(
+                        event,
+                        order_id,
+                        version,
+                        meta,
+                        &self.writes,
+                        &self.upcasters,
+                    )
                 })
-                .collect();
+                .collect::<Result<_, _>>()
+                .map_err(CommandError::Unrepresentable)?;
             let options = AppendOptions {
                 idempotency: context
                     .idempotency_key

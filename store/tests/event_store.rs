@@ -16,6 +16,7 @@ fn place_command() -> OrderCommand {
     OrderCommand::Place(PlaceOrder {
         customer_id: CustomerId::parse("alice").expect("customer"),
         currency: Currency::parse("EUR").expect("currency"),
+        channel: domain::Channel::Web,
         lines: vec![
             OrderLine::parse("MUG-BLUE:2:1250").expect("line"),
             OrderLine::parse("TEA:1:500").expect("line"),

@@ -40,6 +40,7 @@ pub fn place(customer: &str, lines: &[&str]) -> OrderCommand {
     OrderCommand::Place(PlaceOrder {
         customer_id: CustomerId::parse(customer).expect("customer id"),
         currency: Currency::parse("EUR").expect("currency"),
+        channel: domain::Channel::Web,
         lines: lines
             .iter()
             .map(|l| OrderLine::parse(l).expect("line"))

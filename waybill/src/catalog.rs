@@ -1,5 +1,9 @@
 //! `waybill schema`: the event catalog — every payload's JSON Schema, and an AsyncAPI document of the
-//! stream's subjects, headers and messages.
+//! stream's subjects, headers and messages; `tool` runs the command and its subcommands (`show`,
+//! `diff`, `new-version`), `diff` compares two versions of a payload.
+
+pub mod diff;
+pub mod tool;
 
 use domain::catalog::{PayloadSchema, payload_schemas};
 use domain::wire;

@@ -57,8 +57,8 @@ pub enum Command {
     /// then a verdict from first principles. Runs `waybill-lab chaos`; see `waybill chaos --help`.
     #[command(disable_help_flag = true)]
     Chaos(HandedOver),
-    /// Print the event catalog: every payload's JSON Schema, or (with --asyncapi) an AsyncAPI document
-    /// of the stream's subjects, headers and messages.
+    /// The event catalog: every payload's JSON Schema, or (with --asyncapi) an AsyncAPI document of the
+    /// stream's subjects, headers and messages; `show`, `diff` and `new-version` explore and extend it.
     Schema(SchemaArgs),
     /// Inspect and repair the outbox: status, dead rows, purge (the same as `waybill-relay`).
     #[command(subcommand)]
@@ -106,8 +106,11 @@ pub enum OrderCommand {
     Show(ShowArgs),
 }
 
-/// `waybill schema`.
+/// `waybill schema`: without a subcommand, the whole catalog (as it always printed it).
 #[derive(Debug, Args)]
+// `waybill schema` and `waybill schema --asyncapi` keep their meaning; a subcommand takes none of
+// these flags, so mixing them is an error rather than a flag silently ignored.
+#[command(args_conflicts_with_subcommands = true)]
 pub struct SchemaArgs {
     /// Print the AsyncAPI document instead of the payload schemas.
     #[arg(long)]
@@ -118,6 +121,69 @@ pub struct SchemaArgs {
     /// The subject prefix of the channels.
     #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX)]
     pub subject_prefix: String,
+    #[command(subcommand)]
+    pub command: Option<SchemaCommand>,
+}
+
+/// `waybill schema show|diff|new-version`.
+#[derive(Debug, Subcommand)]
+pub enum SchemaCommand {
+    /// Print the JSON Schema of one payload version, or (with --write DIR) write it to
+    /// DIR/<type>.v<N>.schema.json exactly as it is committed under domain/schemas/.
+    ///
+    /// Example: waybill schema show order.placed --version 2 --write domain/schemas
+    // `--version` is the payload version here, not this program's.
+    #[command(disable_version_flag = true)]
+    Show(SchemaShowArgs),
+    /// What changed in a payload from version A to version B: fields added, removed and changed (type,
+    /// required or optional, pattern, enum, bounds…), nested fields included (`lines[].sku`).
+    ///
+    /// Example: waybill schema diff order.placed 1 2 --json
+    Diff(SchemaDiffArgs),
+    /// Scaffold the next version of an event type: its schema and golden fixture, copied from the
+    /// current version, then the checklist of what is left to do by hand. Never overwrites a file.
+    ///
+    /// Example: waybill schema new-version order.placed
+    NewVersion(SchemaNewVersionArgs),
+}
+
+/// `waybill schema show`.
+#[derive(Debug, Args)]
+pub struct SchemaShowArgs {
+    /// The event type, e.g. order.placed.
+    pub event_type: String,
+    /// The payload version [default: the type's current version].
+    #[arg(long = "version", value_name = "N")]
+    pub version: Option<i32>,
+    /// Write the schema to DIR/<type>.v<N>.schema.json (the committed file's name and bytes) and print
+    /// its path, instead of printing the schema. Refuses to change a released version's file
+    /// (DIR/released.json).
+    #[arg(long, value_name = "DIR")]
+    pub write: Option<std::path::PathBuf>,
+}
+
+/// `waybill schema diff`.
+#[derive(Debug, Args)]
+pub struct SchemaDiffArgs {
+    /// The event type, e.g. order.placed.
+    pub event_type: String,
+    /// The version to compare from.
+    #[arg(value_name = "A")]
+    pub from: i32,
+    /// The version to compare to.
+    #[arg(value_name = "B")]
+    pub to: i32,
+}
+
+/// `waybill schema new-version`.
+#[derive(Debug, Args)]
+pub struct SchemaNewVersionArgs {
+    /// The event type, e.g. order.placed.
+    pub event_type: String,
+    /// The domain crate's folder, holding schemas/ and fixtures/ [default: the workspace's domain/,
+    /// found from the current directory upwards].
+    #[arg(long, value_name = "DOMAIN_DIR")]
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// `waybill serve`.
@@ -134,6 +200,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub edge: EdgeArgs,
+
+    #[command(flatten)]
+    pub versions: WriteVersionArgs,
 
     #[command(flatten)]
     pub console: ConsoleArgs,
@@ -245,6 +314,32 @@ pub struct WriteOptions {
     /// Correlation id to stamp on the events (a new one is started when absent).
     #[arg(long, value_name = "UUID")]
     pub correlation_id: Option<Uuid>,
+
+    #[command(flatten)]
+    pub versions: WriteVersionArgs,
+}
+
+/// Which payload versions to write: the expand phase of a rollout.
+#[derive(Debug, Args)]
+pub struct WriteVersionArgs {
+    /// Write this event type in an older payload version, as TYPE=VERSION (e.g. order.placed=2), while
+    /// readers that know only that version are still running; repeatable (comma-separated in the
+    /// environment variable). Each event is downcast from the current version, and one the older
+    /// version cannot represent is refused (exit 2, HTTP 422) rather than changed. Default: every
+    /// type in its current version.
+    #[arg(long = "write-version", env = "WAYBILL_WRITE_VERSIONS", value_name = "TYPE=VERSION", value_delimiter = ',', value_parser = write_version)]
+    pub write_versions: Vec<(String, i32)>,
+}
+
+impl WriteVersionArgs {
+    /// The versions to write.
+    pub fn versions(&self) -> domain::WriteVersions {
+        domain::WriteVersions::from_pairs(self.write_versions.iter().cloned())
+    }
+}
+
+fn write_version(text: &str) -> Result<(String, i32), String> {
+    domain::WriteVersions::parse_one(text, &domain::Upcasters::orders())
 }
 
 /// `waybill place`.
@@ -262,6 +357,10 @@ pub struct PlaceArgs {
     /// cents (positive), e.g. --line MUG-BLUE:2:1250.
     #[arg(long = "line", value_name = "SKU:QTY:UNIT_PRICE_CENTS", value_parser = OrderLine::parse)]
     pub lines: Vec<OrderLine>,
+
+    /// Where the order is placed: web, app, store, phone or marketplace.
+    #[arg(long, default_value = "web", value_parser = domain::Channel::parse)]
+    pub channel: domain::Channel,
 
     /// Use this id for the new order instead of generating a UUID v7.
     #[arg(long, value_name = "UUID", value_parser = OrderId::parse)]

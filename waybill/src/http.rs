@@ -10,12 +10,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use domain::{
-    CancelOrder, Cents, Currency, CustomerId, Note, Order, OrderCommand, OrderError, OrderId,
-    OrderLine, OrderStatus, PayOrder, PlaceOrder, Quantity, ShipOrder, Sku, ValueError,
+    CancelOrder, Cents, Channel, Currency, CustomerId, DecodeError, Note, Order, OrderCommand,
+    OrderError, OrderId, OrderLine, OrderStatus, PayOrder, PlaceOrder, Quantity, ShipOrder, Sku,
+    UpcastError, ValueError,
 };
 use serde::Deserialize;
 use serde_json::json;
-use store::{CommandContext, CommandError, CommandOutcome, EventStore};
+use store::{CommandContext, CommandError, CommandOutcome, EventStore, LoadError};
 use uuid::Uuid;
 
 /// Request bodies larger than this are refused with 413 (500 lines fit in about 40 KiB).
@@ -129,6 +130,14 @@ impl From<CommandError> for Problem {
             CommandError::InvalidKey => {
                 Problem::new(StatusCode::BAD_REQUEST, "invalid-idempotency-key", detail)
             }
+            CommandError::Unrepresentable(ref downcast) => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unrepresentable-in-written-version",
+                downcast.to_string(),
+            ),
+            CommandError::Load(ref load) if written_by_newer_code(load).is_some() => {
+                upgrade_required(load)
+            }
             other => {
                 tracing::error!(error = %ops::error_chain(&other), "command failed");
                 Problem::new(
@@ -139,6 +148,32 @@ impl From<CommandError> for Problem {
             }
         }
     }
+}
+
+/// The event of an order that this code is too old to read, if that is why loading it failed.
+fn written_by_newer_code(error: &LoadError) -> Option<&UpcastError> {
+    match error {
+        LoadError::Undecodable {
+            source: DecodeError::Upcast(too_new @ UpcastError::TooNew { .. }),
+            ..
+        } => Some(too_new),
+        _ => None,
+    }
+}
+
+/// 503: the order has an event written by a newer version of the service (a rolling upgrade is
+/// under way, or this instance was left behind). Retrying here cannot help; upgrading does.
+fn upgrade_required(error: &LoadError) -> Problem {
+    let what = written_by_newer_code(error).map_or_else(String::new, |e| format!(": {e}"));
+    tracing::warn!(error = %ops::error_chain(error), "an order holds an event newer than this code");
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "upgrade-required",
+        format!(
+            "this order was written by a newer version of waybill than this service{what}; \
+             upgrade this service (or send the request to an upgraded one)"
+        ),
+    )
 }
 
 /// A JSON body whose refusals are problems: 415 without a JSON content type, 413 for one too large,
@@ -291,6 +326,9 @@ struct PlaceRequest {
     customer_id: String,
     currency: String,
     lines: Vec<LineRequest>,
+    /// `web` when absent.
+    #[serde(default)]
+    channel: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -343,6 +381,10 @@ async fn place(
         customer_id: CustomerId::parse(&body.customer_id)?,
         currency: Currency::parse(&body.currency)?,
         lines,
+        channel: match body.channel.as_deref() {
+            Some(channel) => Channel::parse(channel)?,
+            None => Channel::default(),
+        },
     });
     let id = OrderId::from_uuid(Uuid::now_v7());
     let outcome = store
@@ -362,6 +404,9 @@ async fn show(
 ) -> Result<Response, Problem> {
     let id = order_id(&id)?;
     let order = store.load(id).await.map_err(|error| {
+        if written_by_newer_code(&error).is_some() {
+            return upgrade_required(&error);
+        }
         tracing::error!(error = %ops::error_chain(&error), "loading an order failed");
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,

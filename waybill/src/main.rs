@@ -72,18 +72,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Chaos(handed) => Err(lab(&cli.database.url, "chaos", handed.args, cli.json)),
         Command::Migrate => migrate::run(&cli.database.url, cli.json).await,
         Command::Serve(args) => serve(&cli.database.url, args).await,
-        Command::Schema(args) => {
-            let document = if args.asyncapi {
-                catalog::asyncapi(&args.stream, &args.subject_prefix)
-            } else {
-                catalog::schemas()
-            };
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&document).context("encoding the catalog")?
-            );
-            Ok(())
-        }
+        Command::Schema(args) => catalog::tool::run(args, cli.json),
         Command::Outbox(command) => {
             let pool = ops::database::connect(&cli.database.url, "waybill-outbox", 2)
                 .await
@@ -135,7 +124,13 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
         .await
         .map_err(failure::with_hint)?;
     let notifier = store::OutboxNotifier::spawn(pool.clone(), std::time::Duration::from_millis(5));
-    let store = EventStore::new(pool.clone()).with_notifier(notifier);
+    let writes = args.versions.versions();
+    if !writes.is_empty() {
+        tracing::info!(write_versions = %writes, "writing older payload versions (expand phase)");
+    }
+    let store = EventStore::new(pool.clone())
+        .with_notifier(notifier)
+        .with_write_versions(writes);
     let metrics = ops::install_metrics_recorder()?;
     let health: ops::HealthCheck = std::sync::Arc::new(move || {
         let pool = pool.clone();
@@ -225,7 +220,14 @@ async fn order_command(
     let pool = ops::database::connect(database_url, "waybill", 2)
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
-    let store = EventStore::new(pool.clone());
+    let writes = match &command {
+        OrderCommand::Place(args) => args.write.versions.versions(),
+        OrderCommand::Pay(args) => args.write.versions.versions(),
+        OrderCommand::Cancel(args) => args.write.versions.versions(),
+        OrderCommand::Ship(args) => args.write.versions.versions(),
+        OrderCommand::Show(_) => domain::WriteVersions::default(),
+    };
+    let store = EventStore::new(pool.clone()).with_write_versions(writes);
     let result = match command {
         OrderCommand::Place(args) => orders::place(&store, args, json).await,
         OrderCommand::Pay(args) => orders::pay(&store, args, json).await,

@@ -21,11 +21,15 @@ fn problem(description: &str) -> Value {
 }
 
 /// The problems every order operation can answer besides its own: a fault on the database's side
-/// (500) and the edge's request timeout (503, `ops::edge`).
+/// (500), the edge's request timeout (503, `ops::edge`), and an order holding an event written by a
+/// newer version of the service (503, type `urn:waybill:problem:upgrade-required`).
 fn faults(responses: &mut Value) {
     responses["500"] =
         problem("The request could not be completed (a database fault); retry later");
-    responses["503"] = problem("The request was not completed within the request timeout");
+    responses["503"] = problem(
+        "The request was not completed within the request timeout, or the order holds an event \
+         written by a newer version of waybill (upgrade-required: upgrade this service)",
+    );
 }
 
 /// An order in the body, with exactly the `headers` (names in `components.headers`) the service sends.
@@ -82,7 +86,7 @@ fn order_example() -> Value {
         "order_id": "0190a0b1-0000-7000-8000-00000000a002", "version": 2, "status": "paid",
         "customer_id": "alice", "currency": "EUR",
         "lines": [{"sku": "MUG-BLUE", "quantity": 2, "unit_price_cents": 1250}],
-        "total_cents": 2500, "paid_cents": 2500, "payment_ref": "psp-1",
+        "total_cents": 2500, "channel": "web", "paid_cents": 2500, "payment_ref": "psp-1",
         "cancel_reason": null, "carrier": null, "tracking_number": null
     })
 }
@@ -189,7 +193,9 @@ pub fn document() -> Value {
                 "PlaceRequest": {"type": "object", "additionalProperties": false, "required": ["customer_id", "currency", "lines"], "properties": {
                     "customer_id": string("^[A-Za-z0-9._:-]{1,64}$"),
                     "currency": string("^[A-Z]{3}$"),
-                    "lines": {"type": "array", "minItems": 1, "maxItems": 500, "items": {"$ref": "#/components/schemas/Line"}}
+                    "lines": {"type": "array", "minItems": 1, "maxItems": 500, "items": {"$ref": "#/components/schemas/Line"}},
+                    "channel": {"type": "string", "enum": domain::Channel::ALL.map(domain::Channel::as_str), "default": "web",
+                        "description": "Where the order is placed (order.placed v3). A service started with --write-version order.placed=2 refuses every channel but web with 422: v2 cannot carry it."}
                 }},
                 "PayRequest": {"type": "object", "additionalProperties": false, "required": ["amount_cents"], "properties": {
                     "amount_cents": int64(Some(1), None), "payment_ref": {"type": ["string", "null"], "maxLength": 200}
@@ -202,7 +208,7 @@ pub fn document() -> Value {
                 // nullable ones say so in their type instead of being optional.
                 "Order": {"type": "object", "additionalProperties": false, "required": [
                     "order_id", "version", "status", "customer_id", "currency", "lines", "total_cents",
-                    "paid_cents", "payment_ref", "cancel_reason", "carrier", "tracking_number"
+                    "channel", "paid_cents", "payment_ref", "cancel_reason", "carrier", "tracking_number"
                 ], "properties": {
                     "order_id": {"type": "string", "format": "uuid"},
                     "version": int64(Some(1), None),
@@ -211,6 +217,7 @@ pub fn document() -> Value {
                     "currency": {"type": ["string", "null"]},
                     "lines": {"type": "array", "items": {"$ref": "#/components/schemas/Line"}},
                     "total_cents": int64(Some(0), None),
+                    "channel": {"type": ["string", "null"], "enum": [null, "web", "app", "store", "phone", "marketplace"]},
                     "paid_cents": int64(Some(0), None),
                     "payment_ref": {"type": ["string", "null"]},
                     "cancel_reason": {"type": ["string", "null"]},

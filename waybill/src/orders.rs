@@ -22,6 +22,7 @@ pub async fn place(store: &EventStore, args: PlaceArgs, json: bool) -> anyhow::R
         customer_id: args.customer,
         currency: args.currency,
         lines: args.lines,
+        channel: args.channel,
     });
     execute(store, order_id, command, &args.write, json).await
 }

@@ -28,8 +28,7 @@ pub struct Step {
 /// The steps from `version` of `event_type` to its current version: empty when it is current,
 /// `None` when the type is unknown or the version is outside 1..=current.
 ///
-/// `Upcasters` applies its steps without naming them, so the chain is worked out here from the
-/// versions the registry declares: one step per version, as the registry applies them.
+/// One step per version, as the registry applies them, each by the name it was registered with.
 pub fn chain(upcasters: &Upcasters, event_type: &str, version: i32) -> Option<Vec<Step>> {
     let current = upcasters.current_version(event_type)?;
     if version < 1 || version > current {
@@ -40,18 +39,13 @@ pub fn chain(upcasters: &Upcasters, event_type: &str, version: i32) -> Option<Ve
             .map(|from| Step {
                 from,
                 to: from + 1,
-                upcaster: step_name(event_type, from),
+                upcaster: upcasters.step_name(event_type, from).map_or_else(
+                    || format!("{event_type} v{from} → v{}", from + 1),
+                    str::to_owned,
+                ),
             })
             .collect(),
     )
-}
-
-/// The domain's name for a step; steps it does not name are described by their versions.
-fn step_name(event_type: &str, from: i32) -> String {
-    match (event_type, from) {
-        (domain::OrderEvent::PLACED, 1) => "domain::upcast::order_placed_v1_to_v2".to_owned(),
-        _ => format!("{event_type} v{from} → v{}", from + 1),
-    }
 }
 
 /// A chain as text: `v1 → v2 (step) → …`, or "current" when empty.
@@ -164,17 +158,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_legacy_placed_event_upcasts_in_one_named_step() {
+    fn the_legacy_placed_event_upcasts_through_named_steps() {
         let upcasters = Upcasters::orders();
+        let current = upcasters.current_version("order.placed").expect("known");
         let steps = chain(&upcasters, "order.placed", 1).expect("known");
-        assert_eq!(steps.len(), 1);
+        assert_eq!(steps.len() as i32, current - 1, "one step per version");
         assert!(describe(&steps).contains("order_placed_v1_to_v2"));
         assert!(
-            chain(&upcasters, "order.placed", 2)
+            steps
+                .iter()
+                .all(|s| s.upcaster.starts_with("domain::upcast::")),
+            "every order step is named: {steps:?}"
+        );
+        assert!(
+            chain(&upcasters, "order.placed", current)
                 .expect("current")
                 .is_empty()
         );
-        assert!(chain(&upcasters, "order.placed", 3).is_none());
+        assert!(chain(&upcasters, "order.placed", current + 1).is_none());
         assert!(chain(&upcasters, "order.teleported", 1).is_none());
     }
 
