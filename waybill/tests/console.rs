@@ -540,26 +540,6 @@ async fn hostile_stored_text_is_escaped(pool: PgPool) {
     );
 }
 
-/// Another crate's binary (`waybill-relay`, `waybill-inventory`), built now if needed: cargo does not
-/// build it for this crate's tests; it lands beside `waybill` in the same target directory. Built as
-/// part of the whole workspace, never with `-p relay` alone: that would build it without the
-/// `fault-injection` feature the workspace unifies in, and replace the binary other crates' tests run
-/// with hidden flags.
-fn workspace_binary(name: &str) -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the waybill crate sits in the workspace");
-    let built = std::process::Command::new(env!("CARGO"))
-        .current_dir(workspace)
-        .args(["build", "--quiet", "--workspace", "--bins"])
-        .status()
-        .expect("cargo runs");
-    assert!(built.success(), "the workspace's binaries build");
-    let binary = Path::new(env!("CARGO_BIN_EXE_waybill")).with_file_name(name);
-    assert!(binary.is_file(), "{} is missing", binary.display());
-    binary
-}
-
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn the_relays_counters_are_scraped_from_their_metrics(pool: PgPool) {
     let nats = testkit::NatsServer::start().expect("nats-server");
@@ -580,7 +560,7 @@ async fn the_relays_counters_are_scraped_from_their_metrics(pool: PgPool) {
 
     let ports = testkit::free_ports(2).expect("ports");
     let (metrics_port, dead_port) = (ports[0], ports[1]);
-    let _relay = tokio::process::Command::new(workspace_binary("waybill-relay"))
+    let _relay = tokio::process::Command::new(common::workspace_binary("waybill-relay"))
         .args([
             "run",
             "--metrics-listen",
@@ -719,7 +699,7 @@ async fn projection_actions_go_through_the_projections_operator_api(pool: PgPool
 
     let inventory = |token: &str| {
         let port = testkit::free_port().expect("port");
-        let child = tokio::process::Command::new(workspace_binary("waybill-inventory"))
+        let child = tokio::process::Command::new(common::workspace_binary("waybill-inventory"))
             .args(["run", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--database-url", &url, "--nats-url", &nats.url()])
             .args(["--stream", STREAM, "--subject-prefix", PREFIX])

@@ -1,5 +1,6 @@
 //! What the HTTP test files share: a real `waybill serve` on free loopback ports.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use reqwest::Client;
@@ -64,4 +65,28 @@ impl Drop for Service {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
     }
+}
+
+/// Another crate's binary (`waybill-relay`, `waybill-inventory`), built now if needed: cargo does not
+/// build it for this crate's tests; it lands beside `waybill` in the same target directory. Built as
+/// part of the whole workspace, never with `-p relay` alone: that would build it without the
+/// `fault-injection` feature the workspace unifies in, and replace the binary other crates' tests run
+/// with hidden flags.
+#[allow(
+    dead_code,
+    reason = "not every test file that shares this module starts other binaries"
+)]
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the waybill crate sits in the workspace");
+    let built = std::process::Command::new(env!("CARGO"))
+        .current_dir(workspace)
+        .args(["build", "--quiet", "--workspace", "--bins"])
+        .status()
+        .expect("cargo runs");
+    assert!(built.success(), "the workspace's binaries build");
+    let binary = Path::new(env!("CARGO_BIN_EXE_waybill")).with_file_name(name);
+    assert!(binary.is_file(), "{} is missing", binary.display());
+    binary
 }
