@@ -6,8 +6,10 @@
 //! drops the second copy because the `Nats-Msg-Id` is the event id.
 //!
 //! Reads the server from `DATABASE_URL` (default `postgres://127.0.0.1:5432/...`) and uses its own
-//! database `waybill_example_crash_window` there, and `NATS_URL` (default `nats://127.0.0.1:4222`) with
-//! its own stream `CRASH_WINDOW`; both are recreated on every run, so nothing else is touched.
+//! database there (`WAYBILL_EXAMPLE_DATABASE`, default `waybill_example_crash_window`), and `NATS_URL`
+//! (default `nats://127.0.0.1:4222`) with its own stream (`WAYBILL_EXAMPLE_STREAM`, default
+//! `CRASH_WINDOW`, subjects `<stream in lower case>.events.>`); both are recreated on every run, so
+//! nothing else is touched, and two runs with different names cannot collide.
 
 use std::time::Duration;
 
@@ -17,14 +19,31 @@ use relay::admin::{OutboxRow, RowStatus};
 use relay::{FailPoint, Relay, RelayConfig, StreamSettings};
 use store::{CommandContext, EventStore};
 
+/// This example's database and stream unless the environment names others.
+const DATABASE: &str = "waybill_example_crash_window";
 const STREAM: &str = "CRASH_WINDOW";
-const PREFIX: &str = "crashwindow.events";
+
+/// A name from the environment, checked to be safe to splice into SQL and NATS subjects.
+fn name_from_env(variable: &str, default: &str) -> anyhow::Result<String> {
+    let name = std::env::var(variable).unwrap_or_else(|_| default.to_owned());
+    anyhow::ensure!(
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+        "{variable} may only use letters, digits and '_': {name:?}"
+    );
+    Ok(name)
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let server_url =
         std::env::var("DATABASE_URL").unwrap_or_else(|_| ops::DEFAULT_DATABASE_URL.to_owned());
-    let database_url = ops::database::with_database(&server_url, "waybill_example_crash_window");
+    let database = name_from_env("WAYBILL_EXAMPLE_DATABASE", DATABASE)?;
+    let stream_name = name_from_env("WAYBILL_EXAMPLE_STREAM", STREAM)?;
+    let prefix = format!(
+        "{}.events",
+        stream_name.to_ascii_lowercase().replace('_', "")
+    );
+    let database_url = ops::database::with_database(&server_url, &database);
     let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
 
     let admin = ops::database::connect(
@@ -33,9 +52,11 @@ async fn main() -> anyhow::Result<()> {
         1,
     )
     .await?;
-    sqlx::query("DROP DATABASE IF EXISTS waybill_example_crash_window WITH (FORCE)")
-        .execute(&admin)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await?;
     admin.close().await;
     ops::database::ensure_database(&database_url)
         .await
@@ -46,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("connecting to NATS")?;
     let js = jetstream::new(nats);
-    let _ = js.delete_stream(STREAM).await; // a clean stream every run
+    let _ = js.delete_stream(&stream_name).await; // a clean stream every run
 
     // 1. A command writes the order and its outbox row in one transaction. Nothing is published.
     let store = EventStore::new(pool.clone());
@@ -60,8 +81,8 @@ async fn main() -> anyhow::Result<()> {
 
     let config = RelayConfig {
         stream: StreamSettings {
-            name: STREAM.into(),
-            subject_prefix: PREFIX.into(),
+            name: stream_name.clone(),
+            subject_prefix: prefix.clone(),
             duplicate_window: Duration::from_secs(120),
         },
         batch_size: 1,
@@ -87,7 +108,7 @@ async fn main() -> anyhow::Result<()> {
         crash.claimed, crash.published, crash.marked_sent, crash.simulated_crash
     );
     let status = outbox_row(&pool, event_id).await?.status;
-    let in_stream = stream_copies(&js, event_id).await?;
+    let in_stream = stream_copies(&js, &stream_name, event_id).await?;
     println!(
         "published_after_crash={} stream_messages_for_event={in_stream} outbox_status={status}",
         crash.published
@@ -115,7 +136,7 @@ async fn main() -> anyhow::Result<()> {
         retry.claimed, retry.published, retry.duplicates, retry.marked_sent
     );
     let publishes = crash.published + retry.published;
-    let in_stream = stream_copies(&js, event_id).await?;
+    let in_stream = stream_copies(&js, &stream_name, event_id).await?;
     let status = outbox_row(&pool, event_id).await?.status;
     println!(
         "published_after_retry={publishes} stream_messages_for_event={in_stream} outbox_status={status}"
@@ -154,8 +175,12 @@ async fn outbox_row(pool: &sqlx::PgPool, event_id: uuid::Uuid) -> anyhow::Result
 }
 
 /// How many messages in the stream carry this event.
-async fn stream_copies(js: &jetstream::Context, event_id: uuid::Uuid) -> anyhow::Result<u64> {
-    let mut stream = js.get_stream(STREAM).await?;
+async fn stream_copies(
+    js: &jetstream::Context,
+    stream: &str,
+    event_id: uuid::Uuid,
+) -> anyhow::Result<u64> {
+    let mut stream = js.get_stream(stream).await?;
     let info = stream.info().await?.clone();
     let mut copies = 0;
     for sequence in info.state.first_sequence..=info.state.last_sequence {

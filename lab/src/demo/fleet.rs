@@ -183,6 +183,11 @@ impl Fleet {
         })
     }
 
+    /// Where everything reads and writes.
+    pub fn wiring(&self) -> &Wiring {
+        &self.wiring
+    }
+
     /// Reproduces the crash window once: a relay publishes, gets its PubAck, and dies before marking.
     pub async fn crash_a_relay(&self) -> anyhow::Result<()> {
         match &self.running {
@@ -331,7 +336,7 @@ fn name_of<P: Projection>(_: &P) -> &'static str {
 }
 
 /// A sibling binary of this executable (cargo builds them all into the same directory).
-fn binary(name: &str) -> anyhow::Result<PathBuf> {
+pub(super) fn binary(name: &str) -> anyhow::Result<PathBuf> {
     let here = std::env::current_exe()?;
     let path = here.with_file_name(name);
     anyhow::ensure!(
@@ -342,7 +347,7 @@ fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-fn command(
+pub(super) fn command(
     binary: &PathBuf,
     wiring: &Wiring,
     logs: &std::path::Path,

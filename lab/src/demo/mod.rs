@@ -6,6 +6,7 @@
 
 mod facts;
 mod fleet;
+mod rollout;
 pub mod scenario;
 pub mod services;
 mod verify;
@@ -26,7 +27,8 @@ use fleet::{Fleet, Wiring};
 use scenario::{Api, Played};
 use services::Services;
 
-/// The demo's own database and stream, recreated on every run so the story starts from nothing.
+/// The demo's own database and stream by default, recreated on every run so the story starts from
+/// nothing; flags and the environment choose others, so two runs on one server cannot collide.
 const DATABASE: &str = "waybill_demo";
 const STREAM: &str = "WAYBILL_DEMO";
 const PREFIX: &str = "waybill.demo";
@@ -43,9 +45,27 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 60)]
     pub orders: usize,
 
-    /// The database the demo recreates for itself on the PostgreSQL server of --database-url.
-    #[arg(long, default_value = DATABASE)]
-    pub database_name: String,
+    /// The database the demo recreates for itself on the PostgreSQL server of --database-url
+    /// (default: waybill_demo, or waybill_rollout with --rollout).
+    #[arg(long, env = "WAYBILL_DEMO_DATABASE")]
+    pub database_name: Option<String>,
+
+    /// The JetStream stream the demo recreates for itself (default: WAYBILL_DEMO, or WAYBILL_ROLLOUT
+    /// with --rollout).
+    #[arg(long, env = "WAYBILL_DEMO_STREAM")]
+    pub stream: Option<String>,
+
+    /// Its subject prefix (default: waybill.demo, or waybill.rollout with --rollout).
+    #[arg(long, env = "WAYBILL_DEMO_SUBJECT_PREFIX")]
+    pub subject_prefix: Option<String>,
+
+    /// Tell the rolling upgrade of order.placed from v2 to v3 instead, over the real processes:
+    /// projections started as old readers (--max-version order.placed=2) and the order service as
+    /// an old writer (--write-version order.placed=2); then the writer moves to v3 too early, the
+    /// old readers park v3 orders and hold what follows them; the readers are upgraded and redrive;
+    /// the projections are compared with the event store. Needs every binary built.
+    #[arg(long)]
+    pub rollout: bool,
 
     /// NATS server URL (a private one is started when it does not answer).
     #[arg(
@@ -57,7 +77,7 @@ pub struct DemoArgs {
     pub nats_url: String,
 }
 
-/// Runs the demo.
+/// Runs the demo (or, with `--rollout`, the rollout story).
 pub async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let services = Services::ensure(database_url, &args.nats_url)?;
@@ -65,32 +85,43 @@ pub async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()> {
     for line in services.describe() {
         println!("           {line}");
     }
-    let wiring = Wiring {
-        database_url: services.database_url(&args.database_name),
-        nats_url: services.nats_url.clone(),
-        stream: STREAM.to_owned(),
-        subject_prefix: PREFIX.to_owned(),
+    let (database, stream, prefix) = if args.rollout {
+        rollout::NAMES
+    } else {
+        (DATABASE, STREAM, PREFIX)
     };
-    let pool = fresh_database(&services, &args.database_name, &wiring.database_url).await?;
+    let database = args.database_name.clone().unwrap_or(database.to_owned());
+    let wiring = Wiring {
+        database_url: services.database_url(&database),
+        nats_url: services.nats_url.clone(),
+        stream: args.stream.clone().unwrap_or(stream.to_owned()),
+        subject_prefix: args.subject_prefix.clone().unwrap_or(prefix.to_owned()),
+    };
+    let pool = fresh_database(&services, &database, &wiring.database_url).await?;
     let js = jetstream::new(
         async_nats::connect(&wiring.nats_url)
             .await
             .context("connecting to NATS")?,
     );
-    let _ = js.delete_stream(STREAM).await;
+    let _ = js.delete_stream(&wiring.stream).await;
     let settings = relay::StreamSettings {
-        name: STREAM.into(),
-        subject_prefix: PREFIX.into(),
+        name: wiring.stream.clone(),
+        subject_prefix: wiring.subject_prefix.clone(),
         ..Default::default()
     };
     relay::ensure_stream(&js, &settings, false).await?;
     step(
         started,
         &format!(
-            "fresh database {} migrated, fresh stream {STREAM} ({PREFIX}.>)",
-            args.database_name
+            "fresh database {database} migrated, fresh stream {} ({}.>)",
+            wiring.stream, wiring.subject_prefix
         ),
     );
+    if args.rollout {
+        let outcome = rollout::tell(&wiring, &pool, &js, started).await;
+        drop(services);
+        return outcome;
+    }
 
     let mut fleet = Fleet::start(args.processes, wiring.clone()).await?;
     let shape = if args.processes {
@@ -131,7 +162,9 @@ async fn play_and_check(
             None,
         )
         .await?;
-    let watched = Watched::first_event_of(pool, first, STREAM, PREFIX).await?;
+    let wiring = fleet.wiring().clone();
+    let watched =
+        Watched::first_event_of(pool, first, &wiring.stream, &wiring.subject_prefix).await?;
     fleet.crash_a_relay().await?;
     let crash_copy = watched.crash_window(pool, js).await?;
     step(
@@ -167,6 +200,7 @@ async fn play_and_check(
     let progress = tokio::spawn(progress(
         pool.clone(),
         js.clone(),
+        wiring.stream.clone(),
         played.clone(),
         args.orders,
         started,
@@ -213,7 +247,7 @@ async fn play_and_check(
 
     // 4. A duplicate publish JetStream cannot catch: same event, another message id. The projections
     //    refuse a message whose id is not its event id (they park it), so the order counts once.
-    republish_with_new_id(js, crash_copy).await?;
+    republish_with_new_id(js, &wiring.stream, crash_copy).await?;
     let duplicate = watched.duplicated(js, crash_copy).await?;
     step(
         started,
@@ -223,7 +257,11 @@ async fn play_and_check(
     );
 
     // 5. Everything settles.
-    let settled = wait_for(|| settled(pool, js), Duration::from_secs(40)).await;
+    let settled = wait_for(
+        || settled(pool, js, &wiring.stream),
+        Duration::from_secs(40),
+    )
+    .await;
     anyhow::ensure!(
         settled,
         "the outbox and the projections did not settle within 40 s"
@@ -301,8 +339,12 @@ async fn legacy_order(pool: &PgPool) -> anyhow::Result<Uuid> {
 
 /// Publishes the stored message at `sequence` again under a new message id (as a misbehaving producer
 /// would), so JetStream stores a second copy.
-async fn republish_with_new_id(js: &jetstream::Context, sequence: u64) -> anyhow::Result<()> {
-    let stream = js.get_stream_no_info(STREAM).await?;
+async fn republish_with_new_id(
+    js: &jetstream::Context,
+    stream: &str,
+    sequence: u64,
+) -> anyhow::Result<()> {
+    let stream = js.get_stream_no_info(stream).await?;
     let message = stream
         .get_raw_message(sequence)
         .await
@@ -319,19 +361,19 @@ async fn republish_with_new_id(js: &jetstream::Context, sequence: u64) -> anyhow
 }
 
 /// True when no outbox row waits and every projection has applied everything.
-async fn settled(pool: &PgPool, js: &jetstream::Context) -> bool {
+async fn settled(pool: &PgPool, js: &jetstream::Context, stream: &str) -> bool {
     let unsent = relay::admin::counts(pool, false)
         .await
         .map_or(1, |counts| counts.unsent());
     unsent == 0
-        && lag(js)
+        && lag(js, stream)
             .await
             .is_some_and(|lags| lags.iter().all(|(_, lag)| *lag == 0))
 }
 
 /// Each projection consumer's messages not yet applied (undelivered plus unacknowledged).
-async fn lag(js: &jetstream::Context) -> Option<Vec<(&'static str, u64)>> {
-    let stream = js.get_stream(STREAM).await.ok()?;
+async fn lag(js: &jetstream::Context, stream: &str) -> Option<Vec<(&'static str, u64)>> {
+    let stream = js.get_stream(stream).await.ok()?;
     let mut lags = Vec::new();
     for name in [Inventory::NAME, Points::NAME, Search::NAME] {
         let mut consumer: jetstream::consumer::PullConsumer =
@@ -346,6 +388,7 @@ async fn lag(js: &jetstream::Context) -> Option<Vec<(&'static str, u64)>> {
 async fn progress(
     pool: PgPool,
     js: jetstream::Context,
+    stream: String,
     played: Arc<Played>,
     orders: usize,
     started: Instant,
@@ -362,7 +405,7 @@ async fn progress(
             .filter(|(_, n)| *n > 0)
             .map(|(s, n)| format!("{n} {s}"))
             .collect();
-        let lags = lag(&js).await.unwrap_or_default();
+        let lags = lag(&js, &stream).await.unwrap_or_default();
         let behind: Vec<String> = lags
             .iter()
             .map(|(name, lag)| format!("{name} {lag}"))
