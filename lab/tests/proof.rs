@@ -3,22 +3,11 @@
 //! `waybill-lab chaos` must say so — exit 1, verdict `fail`, the inventory differing from the fold —
 //! while finding nothing else wrong.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 #[test]
 fn a_projection_that_ignores_its_checkpoint_fails_the_verdict() {
-    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the lab crate sits in the workspace")
-        .to_path_buf();
-    // The binaries the harness runs, up to date.
-    let built = Command::new(env!("CARGO"))
-        .current_dir(&workspace)
-        .args(["build", "--quiet", "--workspace", "--bins"])
-        .status()
-        .expect("cargo runs");
-    assert!(built.success(), "the workspace's binaries build");
+    testkit::build_workspace_binaries(env!("CARGO_MANIFEST_DIR"));
     let output = Command::new(env!("CARGO_BIN_EXE_waybill-lab"))
         .args(["chaos", "--duration", "40s", "--seed", "11", "--json"])
         .args(["--faults", "hostile_publish", "--broken-checkpoint"])

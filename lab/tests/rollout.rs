@@ -3,22 +3,11 @@
 //! what it leaves behind — v2 and v3 `order.placed` events in the store, in the stream it was given,
 //! and in each projection every v3 order parked once by the old reader and redriven after the upgrade.
 
-use std::process::Command;
 use std::time::Duration;
 
 #[tokio::test]
 async fn the_rollout_story_parks_v3_in_old_readers_and_redrive_settles_it() {
-    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the lab crate sits in the workspace")
-        .to_path_buf();
-    // The rollout runs the real binaries beside waybill-lab.
-    let built = Command::new(env!("CARGO"))
-        .current_dir(&workspace)
-        .args(["build", "--quiet", "--workspace", "--bins"])
-        .status()
-        .expect("cargo runs");
-    assert!(built.success(), "the workspace's binaries build");
+    testkit::build_workspace_binaries(env!("CARGO_MANIFEST_DIR"));
 
     let nats = testkit::NatsServer::start().expect("nats-server");
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");

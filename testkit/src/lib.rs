@@ -25,6 +25,23 @@ pub use local_nats::{NatsServer, find_binary, free_port, free_ports};
 pub use local_postgres::{PostgresServer, reachable};
 pub use stream::{StoredEvent, StreamCheck, check_stream, stream_events, versions_by_aggregate};
 
+/// Builds every binary of the workspace that holds the crate at `crate_dir` (a test's
+/// `env!("CARGO_MANIFEST_DIR")`), for tests that run another crate's binary: cargo builds only the
+/// test's own crate's binaries for it. One build of the whole workspace, never `-p relay` alone: that
+/// would build the relay without the `fault-injection` feature the workspace unifies in, and replace
+/// the binary other tests run with hidden flags.
+pub fn build_workspace_binaries(crate_dir: &str) {
+    let workspace = std::path::Path::new(crate_dir)
+        .parent()
+        .expect("the crate sits in the workspace");
+    let built = std::process::Command::new(env!("CARGO"))
+        .current_dir(workspace)
+        .args(["build", "--quiet", "--workspace", "--bins"])
+        .status()
+        .expect("cargo runs");
+    assert!(built.success(), "the workspace's binaries build");
+}
+
 /// The URL of the database `pool` is connected to, on the server and as the user of `DATABASE_URL`.
 pub async fn database_url(pool: &PgPool) -> String {
     let name: String = sqlx::query_scalar("SELECT current_database()")

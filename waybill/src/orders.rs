@@ -149,6 +149,9 @@ fn describe(order: &Order) -> String {
             order.total_cents
         );
     }
+    if let Some(channel) = order.channel {
+        text += &format!("channel  {channel}\n");
+    }
     for line in &order.lines {
         text += &format!(
             "  {:<20} {:>8} × {:>10}\n",

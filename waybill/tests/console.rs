@@ -13,7 +13,6 @@ use std::time::Duration;
 use common::Service;
 use domain::{CancelOrder, Note, OrderCommand, ShipOrder};
 use projections::{Inventory, Points, Projection, Runner, RunnerConfig, Search};
-use relay::{RelayConfig, StreamSettings};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use store::{CommandContext, EventStore};
@@ -67,22 +66,7 @@ async fn legacy_order(pool: &PgPool) -> Uuid {
 
 /// Relays every outbox row into the stream, then lets each projection apply everything.
 async fn relay_and_project(url: &str, nats: &str) {
-    let relay = relay::Relay::connect(
-        url,
-        nats,
-        RelayConfig {
-            stream: StreamSettings {
-                name: STREAM.into(),
-                subject_prefix: PREFIX.into(),
-                ..StreamSettings::default()
-            },
-            ..RelayConfig::default()
-        },
-    )
-    .await
-    .expect("relay connects");
-    relay.provision(false).await.expect("stream");
-    relay.drain().await.expect("relay drains");
+    common::relay_everything(url, nats, STREAM, PREFIX).await;
     project(Inventory, url, nats).await;
     project(Points, url, nats).await;
     project(Search, url, nats).await;

@@ -218,11 +218,6 @@ fn resolve<'a>(document: &'a Value, mut value: &'a Value) -> &'a Value {
 /// Keywords that describe and never constrain.
 const ANNOTATIONS: &[&str] = &["description", "examples", "title"];
 
-/// A JSON Schema validator for the subset the document uses: `$ref`, `type` (one or a list),
-/// `required`, `properties`, `additionalProperties: false`, `items`, `enum`, `format` (`int64`,
-/// `uuid`), `minimum`/`maximum`, `minLength`/`maxLength`, `minItems`/`maxItems` and `pattern` (only
-/// the `^[class]{m,n}$` shape). The `jsonschema` crate is not in Cargo.lock and would bring dozens of
-/// crates into the shared lock file for this one test. Any keyword outside the subset is an error,
 /// Whether `actual` keeps a lower bound (`lower`) or an upper one.
 fn within<T: PartialOrd>(lower: bool, actual: T, bound: T) -> bool {
     if lower {
@@ -232,7 +227,12 @@ fn within<T: PartialOrd>(lower: bool, actual: T, bound: T) -> bool {
     }
 }
 
-/// not ignored: the validator must never pass a body because it did not understand its schema.
+/// A JSON Schema validator for the subset the document uses: `$ref`, `type` (one or a list),
+/// `required`, `properties`, `additionalProperties: false`, `items`, `enum`, `format` (`int64`,
+/// `uuid`), `minimum`/`maximum`, `minLength`/`maxLength`, `minItems`/`maxItems` and `pattern` (only
+/// the `^[class]{m,n}$` shape), resolving `$ref` within the served document. Any keyword outside the
+/// subset is an error, not ignored: the validator must never pass a body because it did not
+/// understand its schema.
 fn validate(document: &Value, schema: &Value, value: &Value, at: &str) -> Vec<String> {
     let schema = resolve(document, schema);
     let mut errors = Vec::new();

@@ -9,7 +9,6 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::Service;
-use relay::{RelayConfig, StreamSettings};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -131,22 +130,7 @@ async fn readers_first_then_writers(pool: PgPool) {
         .expect("json");
     assert_eq!(read_back["channel"], "web", "a v2 order reads as web");
 
-    let relay = relay::Relay::connect(
-        &url,
-        &nats.url(),
-        RelayConfig {
-            stream: StreamSettings {
-                name: STREAM.into(),
-                subject_prefix: PREFIX.into(),
-                ..StreamSettings::default()
-            },
-            ..RelayConfig::default()
-        },
-    )
-    .await
-    .expect("relay connects");
-    relay.provision(false).await.expect("stream");
-    relay.drain().await.expect("relay drains");
+    common::relay_everything(&url, &nats.url(), STREAM, PREFIX).await;
 
     // A reader rehearsing the old binary parks the v3 order and applies the v2 one.
     let old_reader = inventory(

@@ -29,24 +29,26 @@ pub struct Overview {
     pub operator: bool,
 }
 
+impl Overview {
+    /// The latest sample and the charts, as both the page and the API show them.
+    async fn now(console: &Shared) -> Self {
+        let (snapshot, series) = console.snapshot().await;
+        Self {
+            snapshot,
+            series,
+            operator: console.operator(),
+        }
+    }
+}
+
 /// `GET /console/api/overview`.
 pub async fn api(State(console): State<Shared>) -> Json<Overview> {
-    let (snapshot, series) = console.snapshot().await;
-    Json(Overview {
-        snapshot,
-        series,
-        operator: console.operator(),
-    })
+    Json(Overview::now(&console).await)
 }
 
 /// `GET /console`.
 pub async fn page(State(console): State<Shared>) -> Response {
-    let (snapshot, series) = console.snapshot().await;
-    let overview = Overview {
-        snapshot,
-        series,
-        operator: console.operator(),
-    };
+    let overview = Overview::now(&console).await;
     let body = render(&overview);
     html::respond(
         StatusCode::OK,

@@ -67,26 +67,40 @@ impl Drop for Service {
     }
 }
 
-/// Another crate's binary (`waybill-relay`, `waybill-inventory`), built now if needed: cargo does not
-/// build it for this crate's tests; it lands beside `waybill` in the same target directory. Built as
-/// part of the whole workspace, never with `-p relay` alone: that would build it without the
-/// `fault-injection` feature the workspace unifies in, and replace the binary other crates' tests run
-/// with hidden flags.
+/// Another crate's binary (`waybill-relay`, `waybill-inventory`), built now if needed; it lands
+/// beside `waybill` in the same target directory.
 #[allow(
     dead_code,
     reason = "not every test file that shares this module starts other binaries"
 )]
 pub fn workspace_binary(name: &str) -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the waybill crate sits in the workspace");
-    let built = std::process::Command::new(env!("CARGO"))
-        .current_dir(workspace)
-        .args(["build", "--quiet", "--workspace", "--bins"])
-        .status()
-        .expect("cargo runs");
-    assert!(built.success(), "the workspace's binaries build");
+    testkit::build_workspace_binaries(env!("CARGO_MANIFEST_DIR"));
     let binary = Path::new(env!("CARGO_BIN_EXE_waybill")).with_file_name(name);
     assert!(binary.is_file(), "{} is missing", binary.display());
     binary
+}
+
+/// Publishes every outbox row into `stream` (created if missing) with the relay's library, as a
+/// running relay would, and returns once nothing is left to send.
+#[allow(
+    dead_code,
+    reason = "not every test file that shares this module relays"
+)]
+pub async fn relay_everything(url: &str, nats: &str, stream: &str, prefix: &str) {
+    let relay = relay::Relay::connect(
+        url,
+        nats,
+        relay::RelayConfig {
+            stream: relay::StreamSettings {
+                name: stream.into(),
+                subject_prefix: prefix.into(),
+                ..relay::StreamSettings::default()
+            },
+            ..relay::RelayConfig::default()
+        },
+    )
+    .await
+    .expect("relay connects");
+    relay.provision(false).await.expect("stream");
+    relay.drain().await.expect("relay drains");
 }
