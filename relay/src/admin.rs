@@ -391,6 +391,31 @@ pub async fn purge_sent(
     }
 }
 
+/// What vacuum sees of the outbox: its dead tuples, and the oldest transaction in the database that
+/// holds a snapshot (dead tuples newer than it cannot be reclaimed, whatever vacuum does).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, sqlx::FromRow)]
+pub struct VacuumState {
+    /// `pg_stat_user_tables.n_dead_tup` of `outbox` (statistics: updated within seconds, not exact).
+    pub dead_tuples: i64,
+    /// Live tuples, likewise.
+    pub live_tuples: i64,
+    /// Age in seconds of the oldest transaction with a snapshot (0 when there is none).
+    pub oldest_transaction_seconds: f64,
+}
+
+/// Reads [`VacuumState`].
+pub async fn vacuum_state(pool: &PgPool) -> sqlx::Result<VacuumState> {
+    sqlx::query_as(
+        "SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass), 0) AS dead_tuples,
+                coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass), 0) AS live_tuples,
+                coalesce((SELECT extract(epoch FROM now() - min(xact_start))::float8 FROM pg_stat_activity
+                          WHERE backend_xmin IS NOT NULL AND datname = current_database()
+                            AND pid <> pg_backend_pid()), 0) AS oldest_transaction_seconds",
+    )
+    .fetch_one(pool)
+    .await
+}
+
 /// Forgets journal records whose rows are all sent (or purged): nothing they name can be published again.
 pub async fn prune_journal(pool: &PgPool) -> sqlx::Result<u64> {
     Ok(sqlx::query(

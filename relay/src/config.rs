@@ -53,6 +53,12 @@ pub struct RelayConfig {
     pub claim_idle_timeout: Duration,
     /// Steps run at once by [`crate::Relay::run`] and [`crate::Relay::drain`].
     pub lanes: usize,
+    /// Sent rows older than this are deleted by [`crate::Relay::run`], continuously and in batches
+    /// of [`RelayConfig::retention_batch`] (`None`: kept until `outbox purge`).
+    pub retention: Option<Duration>,
+    /// Rows deleted per statement by the retention sweep: short transactions, few locks, and dead
+    /// tuples that autovacuum can take in steps.
+    pub retention_batch: i64,
     /// Deliberate publish failures, for tests and benchmarks only (none by default).
     #[cfg(feature = "fault-injection")]
     pub faults: PublishFaults,
@@ -83,6 +89,8 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_secs(1),
             claim_idle_timeout: Duration::from_secs(30),
             lanes: 2,
+            retention: Some(Duration::from_secs(24 * 3600)),
+            retention_batch: 1000,
             #[cfg(feature = "fault-injection")]
             faults: PublishFaults::default(),
         }

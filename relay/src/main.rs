@@ -125,6 +125,16 @@ struct RunArgs {
     #[arg(long, default_value_t = DEFAULTS.claim_idle_timeout.into())]
     claim_idle_timeout: humantime::Duration,
 
+    /// Sent rows older than this are deleted as the relay runs, in batches (`off` keeps them until
+    /// `outbox purge`). Every relay may sweep; they never wait for one another. An order's fence
+    /// does not need its purged rows: their stream sequences are read from the stream.
+    #[arg(long, env = "WAYBILL_OUTBOX_RETENTION", value_name = "DURATION|off", default_value = "24h", value_parser = retention)]
+    retention: Retention,
+
+    /// Rows the retention sweep deletes per statement.
+    #[arg(long, default_value_t = DEFAULTS.retention_batch)]
+    retention_batch: i64,
+
     /// Do not create or verify the stream at start.
     #[arg(long)]
     no_provision: bool,
@@ -133,6 +143,27 @@ struct RunArgs {
     #[cfg(feature = "fault-injection")]
     #[arg(long, hide = true)]
     crash_after_publish: bool,
+}
+
+/// `--retention`: a duration, or `off`.
+#[derive(Debug, Clone, Copy)]
+struct Retention(Option<Duration>);
+
+fn retention(text: &str) -> Result<Retention, String> {
+    if text.trim().eq_ignore_ascii_case("off") {
+        return Ok(Retention(None));
+    }
+    let retention: Duration = text
+        .trim()
+        .parse::<humantime::Duration>()
+        .map_err(|e| format!("{text:?} is not a duration (e.g. 24h, 30m) or off: {e}"))?
+        .into();
+    if retention < Duration::from_secs(1) {
+        return Err(
+            "a retention under 1s would delete rows as they are sent; use off to keep them".into(),
+        );
+    }
+    Ok(Retention(Some(retention)))
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -211,6 +242,8 @@ async fn relay_run(
         publish_timeout: args.publish_timeout.into(),
         poll_interval: args.poll_interval.into(),
         claim_idle_timeout: args.claim_idle_timeout.into(),
+        retention: args.retention.0,
+        retention_batch: args.retention_batch.max(1),
         ..RelayConfig::default()
     };
     if let Some(id) = args.relay_id {

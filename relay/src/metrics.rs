@@ -76,6 +76,30 @@ pub fn describe() {
         "waybill_outbox_aggregates_held_back",
         "Aggregates whose next event waits behind a failed or dead one."
     );
+    describe_counter!(
+        "waybill_outbox_purged_total",
+        "Sent rows this relay deleted under the retention setting (--retention)."
+    );
+    describe_gauge!(
+        "waybill_outbox_dead_tuples",
+        "Dead tuples in the outbox table (pg_stat_user_tables.n_dead_tup): what vacuum has yet to reclaim."
+    );
+    describe_gauge!(
+        "waybill_db_oldest_transaction_seconds",
+        Unit::Seconds,
+        "Age of the oldest transaction in this database that holds back vacuum (has a snapshot); dead outbox tuples newer than it cannot be reclaimed."
+    );
+}
+
+/// Sent rows deleted by the retention sweep.
+pub fn record_purged(rows: u64) {
+    counter!("waybill_outbox_purged_total").increment(rows);
+}
+
+/// What vacuum sees of the outbox.
+pub fn record_vacuum(vacuum: &crate::admin::VacuumState) {
+    gauge!("waybill_outbox_dead_tuples").set(vacuum.dead_tuples as f64);
+    gauge!("waybill_db_oldest_transaction_seconds").set(vacuum.oldest_transaction_seconds);
 }
 
 /// Counts what one step did at the broker (recorded before the settle: the broker did it whether or

@@ -350,6 +350,13 @@ impl Relay {
         };
         let listener = tokio::spawn(listen(self.pool.clone(), wakes.clone()));
         let gauges = tokio::spawn(refresh_gauges(self.pool.clone()));
+        let sweeper = self.config.retention.map(|retention| {
+            tokio::spawn(sweep(
+                self.pool.clone(),
+                retention,
+                self.config.retention_batch.max(1),
+            ))
+        });
         let totals = Arc::new(Mutex::new(RunSummary::default()));
         let lanes = wakes
             .iter()
@@ -358,6 +365,9 @@ impl Relay {
         futures::future::join_all(lanes).await;
         listener.abort();
         gauges.abort();
+        if let Some(sweeper) = sweeper {
+            sweeper.abort();
+        }
         stopper.abort();
         // Counters stay whole whatever panicked while they were held: report them, never zeros.
         let summary = totals
@@ -487,6 +497,12 @@ async fn refresh_gauges(pool: PgPool) {
                 tracing::debug!(error = %error_chain(&error), "cannot read the outbox status")
             }
         }
+        match admin::vacuum_state(&pool).await {
+            Ok(vacuum) => metrics::record_vacuum(&vacuum),
+            Err(error) => {
+                tracing::debug!(error = %error_chain(&error), "cannot read the outbox's vacuum state")
+            }
+        }
         if ticks.is_multiple_of(12)
             && let Err(error) = admin::prune_journal(&pool).await
         {
@@ -494,6 +510,40 @@ async fn refresh_gauges(pool: PgPool) {
         }
         ticks += 1;
         tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// How often the retention sweep looks for sent rows past the retention.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Deletes sent rows older than `retention`, `batch` per statement, every [`SWEEP_EVERY`]: the outbox
+/// stays bounded by what is sent in `retention` plus what is unsent. Each batch is its own short
+/// statement on rows no relay will touch again (sent, and `SKIP LOCKED`), so the sweep never waits for
+/// a claim and several relays can sweep at once. The fence does not need a purged row: a relay reads
+/// a purged predecessor's sequence from the stream.
+async fn sweep(pool: PgPool, retention: Duration, batch: i64) {
+    loop {
+        // Counted batch by batch: a first sweep over a large backlog takes a while.
+        let mut counted = 0;
+        let purged = admin::purge_sent(&pool, retention, batch, |total| {
+            metrics::record_purged(total - counted);
+            counted = total;
+        })
+        .await;
+        match purged {
+            Ok(0) => {}
+            Ok(deleted) => {
+                tracing::info!(
+                    deleted,
+                    retention = %humantime::format_duration(retention),
+                    "deleted sent outbox rows past the retention"
+                );
+            }
+            Err(error) => {
+                tracing::warn!(error = %error_chain(&error), "the retention sweep failed; retrying later")
+            }
+        }
+        tokio::time::sleep(SWEEP_EVERY).await;
     }
 }
 
