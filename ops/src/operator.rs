@@ -24,6 +24,13 @@ impl OperatorToken {
     /// surrounding blanks are dropped, and a token shorter than [`MIN_TOKEN_CHARS`] is refused.
     pub fn parse(text: &str) -> Result<Self, String> {
         let text = text.trim();
+        // What an HTTP header can carry as it is: anything else could never be sent or compared.
+        if !text.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(
+                "an operator token may hold only visible ASCII characters (no spaces, no accents)"
+                    .to_owned(),
+            );
+        }
         if text.chars().count() < MIN_TOKEN_CHARS {
             return Err(format!(
                 "an operator token needs at least {MIN_TOKEN_CHARS} characters"
@@ -137,9 +144,12 @@ mod tests {
     }
 
     #[test]
-    fn short_tokens_are_refused() {
+    fn short_tokens_and_tokens_a_header_cannot_carry_are_refused() {
         assert!(OperatorToken::parse("short").is_err());
         assert!(OperatorToken::parse("               x").is_err());
+        assert!(OperatorToken::parse("pässwort-pässwort-1").is_err());
+        assert!(OperatorToken::parse("two words and more text").is_err());
+        assert!(OperatorToken::parse("control\u{7}character-token").is_err());
     }
 
     #[test]

@@ -134,8 +134,17 @@ pub enum Common {
         fail_before_swap: bool,
     },
     /// Re-apply parked messages (after an upgrade taught the code their shape); reports why each one
-    /// that is still parked failed again.
-    Redrive,
+    /// that is still parked failed again. Recorded in the operator log.
+    Redrive {
+        /// Why (kept in the operator log).
+        #[arg(long, default_value = "redrive from the command line")]
+        reason: String,
+        /// At most this many messages, oldest first (default: all).
+        #[arg(long)]
+        limit: Option<i64>,
+        #[command(flatten)]
+        operator: Operator,
+    },
     /// Poison messages kept with their reason, headers and (the first 64 KiB of) their body.
     #[command(subcommand)]
     Parked(ParkedCommand),
@@ -301,6 +310,22 @@ pub async fn run_common<P: Projection>(
         ..
     }) = &command
     {
+        // A pasted command line must not break a real projection: the flag also needs its consent
+        // in the environment, which only the chaos harness's proof sets.
+        if std::env::var(crate::plan::BREAK_CHECKPOINT_VAR).as_deref()
+            != Ok(crate::plan::BREAK_CHECKPOINT_CONSENT)
+        {
+            return Err(ops::Refused::new(format!(
+                "--ignore-checkpoint applies events twice on purpose; it runs only with {}={}",
+                crate::plan::BREAK_CHECKPOINT_VAR,
+                crate::plan::BREAK_CHECKPOINT_CONSENT
+            ))
+            .into());
+        }
+        tracing::error!(
+            projection = P::NAME,
+            "deliberately broken: redelivered events will be applied again (--ignore-checkpoint)"
+        );
         crate::plan::ignore_checkpoint();
     }
     let runner = Arc::new(
@@ -368,8 +393,20 @@ pub async fn run_common<P: Projection>(
             bar.finish_and_clear();
             print_summary(&runner, "rebuilt from", &tally, json_output).await?;
         }
-        Common::Redrive => {
-            let report = runner.redrive().await?;
+        Common::Redrive {
+            reason,
+            limit,
+            operator,
+        } => {
+            // A redrive only re-applies what the code now understands; unlike a discard or a release
+            // it decides nothing, so an unnamed operator is recorded as such rather than refused.
+            let actor = operator.name().unwrap_or_else(|_| "unnamed".to_owned());
+            let request = crate::park::RedriveRequest {
+                actor: &actor,
+                reason: &reason,
+                limit: limit.map(|n| n.max(1)),
+            };
+            let report = runner.redrive(&request).await?;
             if json_output {
                 println!("{}", json!({"projection": P::NAME, "redriven": report}));
             } else if report.is_empty() {

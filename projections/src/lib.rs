@@ -28,7 +28,7 @@ pub use consumer::BrokerError;
 pub use decode::{Decoded, Poison, RawMessage};
 pub use held::HeldError;
 pub use inventory::Inventory;
-pub use park::{ParkError, ParkedError};
+pub use park::{ParkError, ParkedError, RedriveRequest};
 pub use plan::Verdict;
 pub use points::Points;
 pub use projection::Projection;

@@ -4,14 +4,16 @@
 //! `Authorization: Bearer <token>` ([`ops::operator`]). Each call goes through the same runner
 //! methods as the command line, so it is recorded in the operator log with who and why.
 //!
-//! - `POST /operator/redrive` — re-applies every open parked message; answers what happened to each.
+//! - `POST /operator/redrive?limit=N` with `{"by", "reason"}` — re-applies open parked messages,
+//!   oldest first, at most `limit` (default 200, at most 1000: a call must end well within the
+//!   request timeout); answers what happened to each and how many are still open.
 //! - `POST /operator/parked/{id}/discard` with `{"by", "reason"}`.
 //! - `POST /operator/held/{order}/release` with `{"by", "reason"}`.
 
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -22,7 +24,7 @@ use uuid::Uuid;
 
 use crate::held::HeldError;
 use crate::http::{Problem, checked};
-use crate::park::ParkedError;
+use crate::park::{ParkedError, RedriveRequest};
 use crate::projection::Projection;
 use crate::runner::Runner;
 
@@ -75,22 +77,53 @@ fn admit<P: Projection>(operator: &Operator<P>, headers: &HeaderMap) -> Result<(
     })
 }
 
+/// Messages one redrive call takes by default and at most.
+const REDRIVE_DEFAULT: i64 = 200;
+const REDRIVE_MAX: i64 = 1000;
+
+/// `?limit=N` of a redrive.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RedriveParams {
+    limit: Option<i64>,
+}
+
 async fn redrive<P: Projection>(
     State(operator): State<Arc<Operator<P>>>,
     headers: HeaderMap,
+    params: Result<Query<RedriveParams>, QueryRejection>,
+    body: Result<Json<Decision>, JsonRejection>,
 ) -> Result<Response, Problem> {
     admit(&operator, &headers)?;
+    let Query(params) = params?;
+    let limit = params.limit.unwrap_or(REDRIVE_DEFAULT);
+    if !(1..=REDRIVE_MAX).contains(&limit) {
+        return Err(Problem::bad_request(format!(
+            "limit must be between 1 and {REDRIVE_MAX}, not {limit}"
+        )));
+    }
+    let decision = Decision::checked(body)?;
+    let request = RedriveRequest {
+        actor: &decision.by,
+        reason: &decision.reason,
+        limit: Some(limit),
+    };
     let report = operator
         .runner
-        .redrive()
+        .redrive(&request)
         .await
         .map_err(|error| Problem::unavailable("the redrive", &error))?;
+    let open = crate::park::open_count(operator.runner.pool())
+        .await
+        .map_err(|error| Problem::unavailable("counting parked messages", &error))?;
     tracing::info!(
         projection = P::NAME,
         messages = report.len(),
+        open,
+        by = %decision.by,
         "redrive done over the operator API"
     );
-    Ok(Json(json!({"projection": P::NAME, "redriven": report})).into_response())
+    Ok(Json(json!({"projection": P::NAME, "redriven": report, "open": open})).into_response())
 }
 
 async fn discard<P: Projection>(

@@ -49,6 +49,9 @@ pub enum ParkedError {
     },
     #[error("reading parked messages")]
     Read(#[source] sqlx::Error),
+    /// The redrive was done but could not be recorded in the operator log.
+    #[error("recording the redrive in the operator log")]
+    Record(#[source] sqlx::Error),
     /// The redrive's own transaction failed around the message: starting it, taking the
     /// projection's turn, or recording the outcome.
     #[error("redriving parked message {id}")]
@@ -276,6 +279,14 @@ pub struct Redriven {
     pub reason: Option<String>,
 }
 
+/// Who redrives, why (for the operator log), and how many messages at most (`None`: all).
+#[derive(Debug, Clone, Copy)]
+pub struct RedriveRequest<'a> {
+    pub actor: &'a str,
+    pub reason: &'a str,
+    pub limit: Option<i64>,
+}
+
 /// A parked row read back for redrive.
 #[derive(Debug, sqlx::FromRow)]
 struct ParkedMessage {
@@ -353,15 +364,21 @@ impl<P: Projection> Runner<P> {
                   "held_behind": held_behind}))
     }
 
-    /// Re-applies open parked messages (after an upgrade taught the code their shape), each like a
-    /// delivery with the trust checks, in its own transaction; returns what happened to each and why
-    /// the ones still parked failed again. A message whose predecessor is still missing moves to the
-    /// held table.
-    pub async fn redrive(&self) -> Result<Vec<Redriven>, ParkedError> {
+    /// Re-applies open parked messages (after an upgrade taught the code their shape), oldest first
+    /// and at most `request.limit` of them, each like a delivery with the trust checks, in its own
+    /// transaction; returns what happened to each and why the ones still parked failed again. A
+    /// message whose predecessor is still missing moves to the held table. A message discarded by
+    /// another operator meanwhile is left alone. The redrive is recorded in the operator log with who
+    /// and why.
+    pub async fn redrive(
+        &self,
+        request: &RedriveRequest<'_>,
+    ) -> Result<Vec<Redriven>, ParkedError> {
         let parked: Vec<ParkedMessage> = sqlx::query_as(
             "SELECT id, stream_sequence, subject, headers, body, body_size FROM parked
-             WHERE redriven_at IS NULL AND discarded_at IS NULL ORDER BY id",
+             WHERE redriven_at IS NULL AND discarded_at IS NULL ORDER BY id LIMIT $1",
         )
+        .bind(request.limit)
         .fetch_all(&self.pool)
         .await
         .map_err(ParkedError::Read)?;
@@ -371,6 +388,24 @@ impl<P: Projection> Runner<P> {
             let failed = |source| ParkedError::Redrive { id, source };
             let mut tx = self.pool.begin().await.map_err(failed)?;
             self.lock(&mut tx).await.map_err(failed)?;
+            // Read while nothing else can act: a discard (or another redrive) since the list was
+            // read wins.
+            let still_open: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM parked
+                                WHERE id = $1 AND redriven_at IS NULL AND discarded_at IS NULL)",
+            )
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(failed)?;
+            if !still_open {
+                tracing::info!(
+                    projection = P::NAME,
+                    id,
+                    "parked message dealt with meanwhile; not redriven"
+                );
+                continue;
+            }
             let (outcome, reason) = if row.body_size > row.body.len() as i64 {
                 (
                     Verdict::Parked,
@@ -425,6 +460,24 @@ impl<P: Projection> Runner<P> {
                     _ => reason,
                 },
             });
+        }
+        if !report.is_empty() {
+            let count = |verdict| report.iter().filter(|r| r.outcome == verdict).count();
+            let detail = json!({"messages": report.len(), "applied": count(Verdict::Applied),
+                                "held": count(Verdict::Held), "still_parked": count(Verdict::Parked)});
+            let failed = |source| ParkedError::Record(source);
+            let mut tx = self.pool.begin().await.map_err(failed)?;
+            record_action(
+                &mut tx,
+                request.actor,
+                "redrive",
+                "parked",
+                request.reason,
+                &detail,
+            )
+            .await
+            .map_err(failed)?;
+            tx.commit().await.map_err(failed)?;
         }
         Ok(report)
     }

@@ -21,6 +21,12 @@ use crate::checkpoint::{Checkpoint, Decision, Facts, decide};
 #[cfg(feature = "fault-injection")]
 static IGNORE_CHECKPOINT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// The environment variable, and its value, without which `--ignore-checkpoint` refuses to run.
+#[cfg(feature = "fault-injection")]
+pub const BREAK_CHECKPOINT_VAR: &str = "WAYBILL_BREAK_CHECKPOINT";
+#[cfg(feature = "fault-injection")]
+pub const BREAK_CHECKPOINT_CONSENT: &str = "apply-redeliveries-again";
+
 /// Breaks this process's checkpoint check on purpose (see [`IGNORE_CHECKPOINT`]).
 #[cfg(feature = "fault-injection")]
 pub fn ignore_checkpoint() {

@@ -254,7 +254,7 @@ async fn poison_is_parked_and_the_events_around_it_are_applied(pool: PgPool) {
     );
 
     // Redrive cannot help yet: this code still does not know them, and says so for each.
-    let report = runner.redrive().await.expect("redrive");
+    let report = runner.redrive(&REDRIVE).await.expect("redrive");
     assert_eq!(report.len(), 3);
     assert!(
         report.iter().all(|r| r.outcome == Verdict::Parked),
@@ -303,12 +303,12 @@ async fn redrive_applies_a_parked_message_the_code_now_understands(pool: PgPool)
     .execute(&pool)
     .await
     .expect("parked row");
-    let report = runner.redrive().await.expect("redrive");
+    let report = runner.redrive(&REDRIVE).await.expect("redrive");
     assert_eq!(report.len(), 1);
     assert_eq!(report[0].outcome, Verdict::Applied, "{report:?}");
     assert_eq!(balance_of(&pool, "alice").await, Some(12));
     assert!(
-        runner.redrive().await.expect("again").is_empty(),
+        runner.redrive(&REDRIVE).await.expect("again").is_empty(),
         "nothing left to redrive"
     );
 }
@@ -473,3 +473,10 @@ async fn run_once_ends_even_when_a_gap_never_closes(pool: PgPool) {
     assert_eq!((tally.applied, tally.held), (1, 1), "{tally:?}");
     assert_eq!(stock_of(&pool, "TEA").await, Some((1, 0, 0)));
 }
+
+/// A test's redrive: every open message, recorded as the test's.
+const REDRIVE: projections::RedriveRequest<'static> = projections::RedriveRequest {
+    actor: "test",
+    reason: "test",
+    limit: None,
+};

@@ -440,6 +440,11 @@ async fn operators_see_why_events_wait_and_act_on_them(pool: PgPool) {
         vec![
             (
                 "test-operator".into(),
+                "redrive".into(),
+                "redrive from the command line".into()
+            ),
+            (
+                "test-operator".into(),
                 "parked discard".into(),
                 "forged payment".into()
             ),
@@ -539,12 +544,26 @@ async fn the_operator_api_acts_only_with_its_token(pool: PgPool) {
         .expect("answers");
     assert_eq!(get.status().as_u16(), 405);
 
-    let (status, redriven) = post(format!("{api}/operator/redrive"), Some(TOKEN), None).await;
+    let decision = |reason: &str| Some(json!({"by": "ops-http", "reason": reason}));
+    let (status, body) = post(format!("{api}/operator/redrive"), Some(TOKEN), None).await;
+    assert_eq!(status, 400, "a redrive says who and why: {body}");
+    let (status, body) = post(
+        format!("{api}/operator/redrive?limit=0"),
+        Some(TOKEN),
+        decision("x"),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, redriven) = post(
+        format!("{api}/operator/redrive?limit=10"),
+        Some(TOKEN),
+        decision("after the upgrade"),
+    )
+    .await;
     assert_eq!(status, 200, "{redriven}");
     assert_eq!(redriven["redriven"][0]["id"], id, "{redriven}");
     assert_eq!(redriven["redriven"][0]["outcome"], "parked", "{redriven}");
-
-    let decision = |reason: &str| Some(json!({"by": "ops-http", "reason": reason}));
+    assert_eq!(redriven["open"], 1, "it failed again, so it is still open");
     let (status, body) = post(
         format!("{api}/operator/parked/999999/discard"),
         Some(TOKEN),
@@ -608,6 +627,7 @@ async fn the_operator_api_acts_only_with_its_token(pool: PgPool) {
     assert_eq!(
         log,
         vec![
+            ("ops-http".into(), "redrive".into()),
             ("ops-http".into(), "parked discard".into()),
             ("ops-http".into(), "held release".into()),
         ]

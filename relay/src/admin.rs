@@ -375,7 +375,7 @@ pub async fn purge_sent(
             "DELETE FROM outbox WHERE id IN (
                 SELECT id FROM outbox
                 WHERE status = 'sent' AND sent_at < now() - $1 * interval '1 second'
-                ORDER BY id LIMIT $2
+                ORDER BY sent_at LIMIT $2
                 FOR UPDATE SKIP LOCKED)",
         )
         .bind(older_than.as_secs_f64())

@@ -87,7 +87,7 @@ pub fn describe() {
     describe_gauge!(
         "waybill_db_oldest_transaction_seconds",
         Unit::Seconds,
-        "Age of the oldest transaction in this database that holds back vacuum (has a snapshot); dead outbox tuples newer than it cannot be reclaimed."
+        "Age of the oldest transaction in this database that holds back vacuum (has a snapshot); dead outbox tuples newer than it cannot be reclaimed. Other roles' sessions are seen only with pg_read_all_stats (or as superuser)."
     );
 }
 

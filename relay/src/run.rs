@@ -125,8 +125,9 @@ impl Relay {
             database_url,
             // The prefix is how relays recognise each other's sessions (`waybill_end_stale_claims`).
             &format!("{APPLICATION_PREFIX}{}", config.relay_id),
-            // Per lane: the claim transaction and the journal insert; plus the gauges.
-            2 * config.lanes.max(1) as u32 + 2,
+            // Per lane: the claim transaction and the journal insert; plus the gauges, the
+            // notification listener (which keeps its connection) and the retention sweep.
+            2 * config.lanes.max(1) as u32 + 3,
             &[
                 ("idle_in_transaction_session_timeout", idle),
                 // A lost mark (PostgreSQL crashing within ~0.6 s of the commit) only means the rows are

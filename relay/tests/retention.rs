@@ -68,9 +68,35 @@ async fn sent_rows_past_the_retention_leave_and_unsent_ones_stay(pool: PgPool) {
     assert!(check.holds(), "{check:?}");
     assert_eq!(check.messages, 5, "four placed and one paid");
 
-    let vacuum = admin::vacuum_state(&pool).await.expect("vacuum state");
-    assert!(vacuum.dead_tuples >= 0 && vacuum.oldest_transaction_seconds >= 0.0);
     let _ = stop.send(());
     let summary = running.await.expect("the relay stops");
     assert_eq!(summary.published, 5, "{summary:?}");
+}
+
+/// The vacuum gauges see a transaction that holds a snapshot: the one that keeps dead outbox rows
+/// from being reclaimed.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn an_old_snapshot_shows_in_the_vacuum_gauge(pool: PgPool) {
+    let before = admin::vacuum_state(&pool).await.expect("vacuum state");
+    assert!(
+        before.oldest_transaction_seconds < 1.0,
+        "nothing old is open yet: {before:?}"
+    );
+    let mut holder = pool.begin().await.expect("a transaction");
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *holder)
+        .await
+        .expect("isolation");
+    // The first statement takes the snapshot, kept until the transaction ends.
+    sqlx::query("SELECT count(*) FROM outbox")
+        .execute(&mut *holder)
+        .await
+        .expect("a snapshot");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = admin::vacuum_state(&pool).await.expect("vacuum state");
+    assert!(
+        held.oldest_transaction_seconds >= 1.0,
+        "the open snapshot is seen: {held:?}"
+    );
+    holder.rollback().await.expect("rollback");
 }

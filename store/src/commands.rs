@@ -81,9 +81,14 @@ pub enum CommandError {
     #[error("idempotency key must be 1 to 200 characters")]
     InvalidKey,
     /// The events cannot be written in the older version this store writes (`--write-version`):
-    /// nothing was written.
+    /// nothing was written. Only [`DowncastError::Unrepresentable`]: what the caller asked for does
+    /// not fit the older version.
     #[error("the command's events cannot be written")]
     Unrepresentable(#[source] DowncastError),
+    /// Writing the older version failed for a reason that is not the caller's (a downcaster that does
+    /// not round-trip, a missing step): a fault, logged; nothing was written.
+    #[error("the command's events could not be brought to the version this store writes")]
+    WriteVersion(#[source] DowncastError),
     /// The order's history could not be read.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -232,7 +237,10 @@ impl EventStore {
                     )
                 })
                 .collect::<Result<_, _>>()
-                .map_err(CommandError::Unrepresentable)?;
+                .map_err(|error| match error {
+                    DowncastError::Unrepresentable { .. } => CommandError::Unrepresentable(error),
+                    other => CommandError::WriteVersion(other),
+                })?;
             let options = AppendOptions {
                 idempotency: context
                     .idempotency_key

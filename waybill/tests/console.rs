@@ -796,7 +796,14 @@ async fn projection_actions_go_through_the_projections_operator_api(pool: PgPool
     let (status, body) = post("nope/redrive", Some(TOKEN), None).await;
     assert_eq!(status, 404, "{body}");
 
-    let (status, redriven) = post("inventory/redrive", Some(TOKEN), None).await;
+    let (status, body) = post("inventory/redrive", Some(TOKEN), None).await;
+    assert_eq!(status, 400, "a redrive says who and why: {body}");
+    let (status, redriven) = post(
+        "inventory/redrive",
+        Some(TOKEN),
+        Some(json!({"by": "ops", "reason": "after the upgrade"})),
+    )
+    .await;
     assert_eq!(status, 200, "{redriven}");
     assert_eq!(redriven["redriven"][0]["id"], parked, "{redriven}");
     assert_eq!(redriven["redriven"][0]["outcome"], "parked", "{redriven}");
@@ -823,17 +830,20 @@ async fn projection_actions_go_through_the_projections_operator_api(pool: PgPool
         "the projection's refusal comes through: {body}"
     );
     let logged: Vec<(String, String, String)> =
-        sqlx::query_as("SELECT actor, action, reason FROM inventory.operator_log")
+        sqlx::query_as("SELECT actor, action, reason FROM inventory.operator_log ORDER BY id")
             .fetch_all(&pool)
             .await
             .expect("log");
     assert_eq!(
         logged,
-        vec![(
-            "ops".into(),
-            "parked discard".into(),
-            "garbage, never an event".into()
-        )]
+        vec![
+            ("ops".into(), "redrive".into(), "after the upgrade".into()),
+            (
+                "ops".into(),
+                "parked discard".into(),
+                "garbage, never an event".into()
+            )
+        ]
     );
     let (status, body) = post(
         &format!("inventory/held/{}/release", Uuid::now_v7()),
@@ -914,6 +924,7 @@ async fn projection_actions_go_through_the_projections_operator_api(pool: PgPool
                         service.base
                     ))
                     .bearer_auth(TOKEN)
+                    .json(&json!({"by": "ops", "reason": "test"}))
                     .send()
                     .await
                     .expect("answers");

@@ -205,7 +205,7 @@ impl Fleet {
             .keep();
         // The children get this environment and nothing else from ours: a WAYBILL_LISTEN or NATS
         // credentials meant for another system must not reach them.
-        let env = vec![
+        let mut env = vec![
             ("PATH".to_owned(), std::env::var("PATH").unwrap_or_default()),
             ("DATABASE_URL".to_owned(), servers.database_url.clone()),
             ("NATS_URL".to_owned(), servers.nats_url.clone()),
@@ -219,6 +219,12 @@ impl Fleet {
                 "info,sqlx=warn,async_nats=warn".to_owned(),
             ),
         ];
+        if broken_checkpoint {
+            env.push((
+                projections::plan::BREAK_CHECKPOINT_VAR.to_owned(),
+                projections::plan::BREAK_CHECKPOINT_CONSENT.to_owned(),
+            ));
+        }
         run_once(&binaries.waybill, &["migrate"], "migrate", &env, &logs).await?;
         // The stream, once, before two relays start: each then only verifies it.
         let window = humantime::format_duration(DEDUPE_WINDOW).to_string();

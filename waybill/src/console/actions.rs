@@ -128,8 +128,10 @@ impl ProjectionApi {
     }
 }
 
-/// How long a forwarded operator call may take: a redrive re-applies every parked message.
-const OPERATOR_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a forwarded operator call may take. A redrive call takes a bounded batch, well within
+/// the projection's own request timeout (30 s), which this stays under so that the projection's
+/// answer, not a cut-off, comes back.
+const OPERATOR_CALL_TIMEOUT: Duration = Duration::from_secs(25);
 
 /// What a console action asks a projection to do.
 #[derive(Debug)]
@@ -139,13 +141,22 @@ enum ProjectionAction {
     Release(Uuid),
 }
 
-/// `POST /console/api/projections/{name}/redrive`.
+/// `POST /console/api/projections/{name}/redrive` with `{"by", "reason"}`: one call of the
+/// projection's redrive (its default batch; the answer says how many are still open).
 pub async fn redrive(
     State(console): State<Shared>,
     Path(name): Path<String>,
     headers: HeaderMap,
+    body: axum::body::Bytes,
 ) -> Response {
-    forward(&console, &name, &headers, ProjectionAction::Redrive, None).await
+    forward(
+        &console,
+        &name,
+        &headers,
+        ProjectionAction::Redrive,
+        Some(body),
+    )
+    .await
 }
 
 /// `POST /console/api/projections/{name}/parked/{id}/discard` with `{"by", "reason"}`.

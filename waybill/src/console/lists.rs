@@ -166,8 +166,8 @@ pub async fn parked(State(console): State<Shared>, Path(name): Path<String>) -> 
         body.push_str(&operator_panel(
             true,
             &format!(
-                "<button type=\"button\" data-action=\"/console/api/projections/{name}/redrive\" \
-                 data-confirm=\"Redrive every parked message of {name}?\">Redrive every parked message</button>"
+                "<button type=\"button\" data-needs-reason data-action=\"/console/api/projections/{name}/redrive\" \
+                 data-confirm=\"Redrive the parked messages of {name}?\">Redrive parked messages</button>"
             ),
         ));
     } else {

@@ -164,7 +164,8 @@
         if (Array.isArray(answer.redriven)) {
           const parked = answer.redriven.filter((r) => r.outcome === "parked").length;
           result.textContent = "Redrove " + answer.redriven.length + " message(s), " + parked +
-            " still parked; reload to see the list.";
+            " failed again; " + answer.open + " still open" +
+            (answer.open > parked ? " (a call takes a batch: redrive again)" : "") + ". Reload to see the list.";
         } else {
           result.textContent = "Done; reload to see the list.";
         }
