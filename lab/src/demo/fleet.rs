@@ -264,32 +264,13 @@ impl Fleet {
     }
 
     async fn wait_healthy(&mut self) -> anyhow::Result<()> {
-        let client = reqwest::Client::new();
         for base in self.health.clone() {
-            let mut healthy = false;
-            for _ in 0..300 {
-                if let Running::Processes { children, logs } = &mut self.running {
-                    for (name, child) in children.iter_mut() {
-                        if let Ok(Some(status)) = child.try_wait() {
-                            anyhow::bail!(
-                                "{name} exited with {status}; its log is in {}",
-                                logs.display()
-                            );
-                        }
-                    }
-                }
-                if client
-                    .get(format!("{base}/health"))
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-                {
-                    healthy = true;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            anyhow::ensure!(healthy, "{base} did not become healthy within 30 s");
+            let running = &mut self.running;
+            wait_for_health(&base, || match running {
+                Running::Processes { children, logs } => exited(children, logs),
+                Running::Tasks { .. } => Ok(()),
+            })
+            .await?;
         }
         Ok(())
     }
@@ -325,6 +306,44 @@ impl Fleet {
             }
         }
     }
+}
+
+/// Waits up to 30 s for `base`/health to answer 2xx; `alive` is asked before each try and ends the
+/// wait with its error (a process that exited will never answer).
+pub(super) async fn wait_for_health(
+    base: &str,
+    mut alive: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    for _ in 0..300 {
+        alive()?;
+        if client
+            .get(format!("{base}/health"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("{base} did not become healthy within 30 s")
+}
+
+/// An error naming the first of `children` that has exited, with where its log is.
+fn exited(
+    children: &mut [(String, tokio::process::Child)],
+    logs: &std::path::Path,
+) -> anyhow::Result<()> {
+    for (name, child) in children.iter_mut() {
+        if let Ok(Some(status)) = child.try_wait() {
+            anyhow::bail!(
+                "{name} exited with {status}; its log is in {}",
+                logs.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn local() -> SocketAddr {

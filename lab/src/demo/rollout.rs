@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::fleet::{Wiring, binary, command};
+use super::fleet::{Wiring, binary, command, wait_for_health};
 use super::scenario::Api;
 use super::{settled, step, verify, wait_for};
 
@@ -158,33 +158,21 @@ impl Processes {
     }
 
     async fn wait_healthy(&mut self) -> anyhow::Result<()> {
-        let client = reqwest::Client::new();
         let logs = self.logs.clone();
         let mut all: Vec<&mut Child> = self.projections.iter_mut().collect();
         all.extend(self.relay.as_mut());
         all.extend(self.api.as_mut().map(|(child, _)| child));
         for child in all {
-            let mut healthy = false;
-            for _ in 0..300 {
-                if let Ok(Some(status)) = child.child.try_wait() {
-                    anyhow::bail!(
-                        "{} exited with {status}; its log is in {}",
-                        child.name,
-                        logs.display()
-                    );
-                }
-                if client
-                    .get(format!("{}/health", child.health))
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-                {
-                    healthy = true;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            anyhow::ensure!(healthy, "{} did not become healthy within 30 s", child.name);
+            let health = child.health.clone();
+            wait_for_health(&health, || match child.child.try_wait() {
+                Ok(Some(status)) => Err(anyhow::anyhow!(
+                    "{} exited with {status}; its log is in {}",
+                    child.name,
+                    logs.display()
+                )),
+                _ => Ok(()),
+            })
+            .await?;
         }
         Ok(())
     }
