@@ -25,6 +25,21 @@ pub struct OrderPlaced {
     pub channel: Channel,
 }
 
+impl OrderPlaced {
+    /// The event an accepted place command records, its total already checked. Built here, beside
+    /// the payload type, so that a new field with a default (one the command does not carry) is set
+    /// in this file alone.
+    pub fn from_command(place: &crate::order::PlaceOrder, total_cents: i64) -> Self {
+        Self {
+            customer_id: place.customer_id.clone(),
+            currency: place.currency.clone(),
+            lines: place.lines.clone(),
+            total_cents,
+            channel: place.channel,
+        }
+    }
+}
+
 /// `order.paid`, version 1: the order total was paid.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

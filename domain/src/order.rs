@@ -339,13 +339,7 @@ fn decide_place(place: &PlaceOrder) -> Result<OrderPlaced, OrderError> {
             }));
         }
     };
-    Ok(OrderPlaced {
-        customer_id: place.customer_id.clone(),
-        currency: place.currency.clone(),
-        lines: place.lines.clone(),
-        total_cents,
-        channel: place.channel,
-    })
+    Ok(OrderPlaced::from_command(place, total_cents))
 }
 
 #[cfg(test)]

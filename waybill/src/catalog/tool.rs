@@ -516,15 +516,17 @@ fn checklist(event_type: &str, current: i32) -> Vec<String> {
     vec![
         format!(
             "domain/src/event.rs: change the payload struct {payload} to v{next}'s shape (new fields, \
-             changed types)."
+             changed types), and set each new field in its constructor (from_command, for \
+             order.placed: from the command, or a default)."
         ),
         format!(
             "domain/src/event.rs: bump {event_type} from {current} to {next} in CURRENT_VERSIONS."
         ),
         format!(
             "domain/src/upcast.rs: add the step (\"{event_type}\", {current}) → {next} in \
-             Upcasters::orders(), deciding what older events get for each new or changed field \
-             (every older version then travels through it)."
+             Upcasters::orders() with with_named_step, deciding what older events get for each new \
+             or changed field (every older version then travels through it), and a downcaster \
+             {next} → {current} (with_downcast) so writers can hold back during a rollout."
         ),
         format!(
             "domain/src/catalog.rs: add the {event_type} v{next} schema (title \"{event_type} \
