@@ -25,6 +25,39 @@ pub use local_nats::{NatsServer, find_binary, free_port, free_ports};
 pub use local_postgres::{PostgresServer, reachable};
 pub use stream::{StoredEvent, StreamCheck, check_stream, stream_events, versions_by_aggregate};
 
+/// A finished command as a test reads it: its exit code (-1 when a signal ended it) and its output
+/// as text.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<std::process::Output> for Run {
+    fn from(output: std::process::Output) -> Self {
+        Self {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+impl Run {
+    /// Fails the test, with the output, unless the command exited 0.
+    pub fn ok(self) -> Self {
+        assert_eq!(self.code, 0, "{}{}", self.stdout, self.stderr);
+        self
+    }
+
+    /// Standard output parsed as JSON; a test fails with the output when it is not JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+    }
+}
+
 /// Builds every binary of the workspace that holds the crate at `crate_dir` (a test's
 /// `env!("CARGO_MANIFEST_DIR")`), for tests that run another crate's binary: cargo builds only the
 /// test's own crate's binaries for it. One build of the whole workspace, never `-p relay` alone: that

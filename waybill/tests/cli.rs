@@ -3,20 +3,8 @@
 
 use serde_json::{Value, json};
 use sqlx::PgPool;
+use testkit::Run;
 use uuid::Uuid;
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
-    }
-}
 
 async fn waybill(url: &str, args: &[&str]) -> Run {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill"))
@@ -26,11 +14,7 @@ async fn waybill(url: &str, args: &[&str]) -> Run {
         .output()
         .await
         .expect("waybill runs");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    Run::from(output)
 }
 
 async fn place(url: &str, lines: &[&str]) -> String {

@@ -5,24 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
-    }
-
-    fn ok(self) -> Self {
-        assert_eq!(self.code, 0, "{}{}", self.stdout, self.stderr);
-        self
-    }
-}
+use testkit::Run;
 
 fn waybill_in(dir: &Path, args: &[&str]) -> Run {
     let output = Command::new(env!("CARGO_BIN_EXE_waybill"))
@@ -31,11 +14,7 @@ fn waybill_in(dir: &Path, args: &[&str]) -> Run {
         .env("RUST_LOG", "warn")
         .output()
         .expect("waybill runs");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    Run::from(output)
 }
 
 fn waybill(args: &[&str]) -> Run {

@@ -4,13 +4,8 @@
 
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use testkit::Run;
 use uuid::Uuid;
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
 
 async fn waybill(envs: &[(&str, &str)], args: &[&str]) -> Run {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill"))
@@ -20,11 +15,7 @@ async fn waybill(envs: &[(&str, &str)], args: &[&str]) -> Run {
         .output()
         .await
         .expect("waybill runs");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    Run::from(output)
 }
 
 fn with_parameter(url: &str, parameter: &str) -> String {

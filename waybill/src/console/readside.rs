@@ -195,6 +195,17 @@ pub async fn order_marks(pool: &PgPool, name: &'static str, order: Uuid) -> Orde
     marks
 }
 
+/// A parked message of one order, open or discarded.
+#[derive(sqlx::FromRow)]
+struct OrderParkedRow {
+    id: i64,
+    aggregate_version: Option<i64>,
+    reason: String,
+    discarded_by: Option<String>,
+    discard_reason: Option<String>,
+    discarded: bool,
+}
+
 async fn read_marks(
     pool: &PgPool,
     name: &'static str,
@@ -217,20 +228,29 @@ async fn read_marks(
     .bind(order)
     .fetch_all(pool)
     .await?;
-    marks.parked = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT id, aggregate_version, reason FROM \"{name}\".parked
-         WHERE aggregate_id = $1 AND redriven_at IS NULL AND discarded_at IS NULL ORDER BY id"
+    // Open and discarded parked messages in one read, told apart here.
+    let parked: Vec<OrderParkedRow> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, aggregate_version, reason, discarded_by, discard_reason,
+                discarded_at IS NOT NULL AS discarded
+         FROM \"{name}\".parked WHERE aggregate_id = $1 AND redriven_at IS NULL ORDER BY id"
     )))
     .bind(order)
     .fetch_all(pool)
     .await?;
-    marks.discarded = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT id, aggregate_version, coalesce(discarded_by, ''), coalesce(discard_reason, '')
-         FROM \"{name}\".parked WHERE aggregate_id = $1 AND discarded_at IS NOT NULL ORDER BY id"
-    )))
-    .bind(order)
-    .fetch_all(pool)
-    .await?;
+    for row in parked {
+        if row.discarded {
+            marks.discarded.push((
+                row.id,
+                row.aggregate_version,
+                row.discarded_by.unwrap_or_default(),
+                row.discard_reason.unwrap_or_default(),
+            ));
+        } else {
+            marks
+                .parked
+                .push((row.id, row.aggregate_version, row.reason));
+        }
+    }
     // The release records the versions it skipped in its detail: [first, last].
     marks.skipped = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT (detail->'skipped_versions'->>0)::int8, (detail->'skipped_versions'->>1)::int8,
