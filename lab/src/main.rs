@@ -2,6 +2,7 @@
 //! services and the chaos harness. `waybill demo|load|services|chaos` hand over to it, so the order
 //! service's binary links none of this (nor the relay's and projections' libraries the demo runs).
 
+mod bench;
 mod chaos;
 mod demo;
 mod load;
@@ -38,6 +39,11 @@ enum Command {
     /// Start private PostgreSQL and NATS servers for whichever of DATABASE_URL and NATS_URL does not
     /// answer, print their URLs as shell exports, and keep them until SIGTERM/Ctrl-C.
     Services(demo::services::ServicesArgs),
+    /// Every performance figure from one run on the local services: the command side, the relay (one
+    /// and two instances, hot aggregates, the seed article's algorithm, CPU per event), each
+    /// projection, and the whole pipeline over HTTP (latency against offered load, the highest
+    /// sustained rate); a table, --json, --plot FILE.svg, and the targets judged.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +51,8 @@ fn main() -> ExitCode {
     ops::init_logging(match cli.command {
         // sqlx reports every session PostgreSQL ends as a warning: a crash does that on purpose here.
         Command::Chaos(_) => "info,sqlx=error,async_nats=warn",
+        // The bench prints its own progress; the projections it runs in-process only warn.
+        Command::Bench(_) => "warn,projections=error,sqlx=error",
         // The demo and the load tell their own story; the libraries they run only warn.
         _ => "warn,relay=error,projections=error",
     });
@@ -59,6 +67,7 @@ fn main() -> ExitCode {
         let database_url = cli.database.url;
         match cli.command {
             Command::Chaos(args) => chaos::run(args).await,
+            Command::Bench(args) => bench::run(&database_url, args).await,
             Command::Demo(args) => demo::run(&database_url, args).await.map(|()| true),
             Command::Load(args) => load::run(&database_url, args).await.map(|()| true),
             Command::Services(args) => demo::services::serve(&database_url, args)

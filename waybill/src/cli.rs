@@ -57,6 +57,11 @@ pub enum Command {
     /// then a verdict from first principles. Runs `waybill-lab chaos`; see `waybill chaos --help`.
     #[command(disable_help_flag = true)]
     Chaos(HandedOver),
+    /// Every performance figure from one run on the local services (command side, relay, projections,
+    /// the whole pipeline over HTTP), a table or --json, --plot FILE.svg, and the performance targets
+    /// judged. Runs `waybill-lab bench`; see `waybill bench --help`.
+    #[command(disable_help_flag = true)]
+    Bench(HandedOver),
     /// The event catalog: every payload's JSON Schema, or (with --asyncapi) an AsyncAPI document of the
     /// stream's subjects, headers and messages; `show`, `diff` and `new-version` explore and extend it.
     Schema(SchemaArgs),

@@ -70,6 +70,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Services(handed) => Err(lab(&cli.database.url, "services", handed.args, false)),
         Command::Load(handed) => Err(lab(&cli.database.url, "load", handed.args, cli.json)),
         Command::Chaos(handed) => Err(lab(&cli.database.url, "chaos", handed.args, cli.json)),
+        Command::Bench(handed) => Err(lab(&cli.database.url, "bench", handed.args, cli.json)),
         Command::Migrate => migrate::run(&cli.database.url, cli.json).await,
         Command::Serve(args) => serve(&cli.database.url, args).await,
         Command::Schema(args) => catalog::tool::run(args, cli.json),

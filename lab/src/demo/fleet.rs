@@ -28,7 +28,12 @@ pub struct Wiring {
     pub stream: String,
     /// Its subject prefix.
     pub subject_prefix: String,
+    /// `RUST_LOG` of the processes (the demo's are chatty; the bench's must not pay for logging).
+    pub log_filter: &'static str,
 }
+
+/// The demo's log filter: every request and step, libraries only when something is wrong.
+pub const DEMO_LOG_FILTER: &str = "info,sqlx=warn,async_nats=warn";
 
 /// Running services and their HTTP addresses.
 #[derive(Debug)]
@@ -181,6 +186,17 @@ impl Fleet {
             wiring,
             running: Running::Processes { children, logs },
         })
+    }
+
+    /// Each process's name and id (none when the services run as tasks).
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        match &self.running {
+            Running::Processes { children, .. } => children
+                .iter()
+                .filter_map(|(name, child)| Some((name.clone(), child.id()?)))
+                .collect(),
+            Running::Tasks { .. } => Vec::new(),
+        }
     }
 
     /// Where everything reads and writes.
@@ -355,7 +371,7 @@ fn name_of<P: Projection>(_: &P) -> &'static str {
 }
 
 /// A sibling binary of this executable (cargo builds them all into the same directory).
-pub(super) fn binary(name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn binary(name: &str) -> anyhow::Result<PathBuf> {
     let here = std::env::current_exe()?;
     let path = here.with_file_name(name);
     anyhow::ensure!(
@@ -366,7 +382,7 @@ pub(super) fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-pub(super) fn command(
+pub(crate) fn command(
     binary: &PathBuf,
     wiring: &Wiring,
     logs: &std::path::Path,
@@ -379,7 +395,7 @@ pub(super) fn command(
         .env("NATS_URL", &wiring.nats_url)
         .env("WAYBILL_STREAM", &wiring.stream)
         .env("WAYBILL_SUBJECT_PREFIX", &wiring.subject_prefix)
-        .env("RUST_LOG", "info,sqlx=warn,async_nats=warn")
+        .env("RUST_LOG", wiring.log_filter)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)

@@ -5,7 +5,7 @@
 //! projections say with what the event store says. Exits 0 only when they agree.
 
 mod facts;
-mod fleet;
+pub(crate) mod fleet;
 mod rollout;
 pub mod scenario;
 pub mod services;
@@ -96,6 +96,7 @@ pub async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()> {
         nats_url: services.nats_url.clone(),
         stream: args.stream.clone().unwrap_or(stream.to_owned()),
         subject_prefix: args.subject_prefix.clone().unwrap_or(prefix.to_owned()),
+        log_filter: fleet::DEMO_LOG_FILTER,
     };
     let pool = fresh_database(&services, &database, &wiring.database_url).await?;
     let js = jetstream::new(
@@ -300,10 +301,15 @@ fn step(started: Instant, text: &str) {
     println!("[{:>5.1}s] {text}", started.elapsed().as_secs_f64());
 }
 
-async fn fresh_database(services: &Services, name: &str, url: &str) -> anyhow::Result<PgPool> {
+/// Drops the database `name` (at `url`) if it exists, creates it and migrates it.
+pub(crate) async fn fresh_database(
+    services: &Services,
+    name: &str,
+    url: &str,
+) -> anyhow::Result<PgPool> {
     anyhow::ensure!(
         !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
-        "the demo database name may only use letters, digits and '_'"
+        "a database name here may only use letters, digits and '_'"
     );
     let admin =
         ops::database::connect(&services.database_url("postgres"), "waybill-demo", 1).await?;
@@ -312,7 +318,7 @@ async fn fresh_database(services: &Services, name: &str, url: &str) -> anyhow::R
     )))
     .execute(&admin)
     .await
-    .context("dropping the previous demo database")?;
+    .with_context(|| format!("dropping the previous database {name}"))?;
     admin.close().await;
     ops::database::ensure_database(url).await?;
     let pool = ops::database::connect(url, "waybill-demo", 4).await?;

@@ -1,0 +1,332 @@
+//! The whole pipeline on this machine: the order service, the relay and the three projections as
+//! separate processes (the demo's fleet, logging warnings only), orders placed over HTTP at a steady
+//! offered rate. Latency runs from the event's commit in the store to its checkpoint in the last of the
+//! three projections, both read from PostgreSQL's clock: `events.recorded_at` is the command's
+//! transaction time (its commit follows within a millisecond), `checkpoints.updated_at` is written
+//! just before the projection's batch commits. A step is *sustained* when the commands kept up with
+//! the offered rate and no more than half a second of events waited at the end of it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_nats::jetstream;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use super::usage::{Sampler, Usage, Watched, nats_pids};
+use super::{Profile, Progress};
+use crate::demo::fleet::{Fleet, Wiring};
+use crate::demo::services::Services;
+
+const DATABASE: &str = "waybill_bench_pipeline";
+const STREAM: &str = "BENCH_PIPELINE";
+const PREFIX: &str = "bench.pipeline";
+/// Commands in flight at once at most; beyond it the generator skips ticks (and the step falls short).
+const MAX_IN_FLIGHT: usize = 1_024;
+/// How long to wait for a step's events to be applied everywhere after it.
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
+/// One step at a steady offered rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadStep {
+    /// Events (commands) per second offered.
+    pub offered: u64,
+    /// Commands accepted per second.
+    pub achieved: f64,
+    /// Commands refused or failed (anything but 201).
+    pub failed: u64,
+    /// Of those, how many by HTTP status, `timeout`, `refused` or `broken`.
+    pub failures: BTreeMap<String, u64>,
+    /// From commit to applied in all three projections, ms.
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// Events measured.
+    pub samples: i64,
+    /// Events committed but not yet applied everywhere when the step's load ended.
+    pub backlog_at_end: i64,
+    /// From the end of the load to the last event applied everywhere, s.
+    pub drain_seconds: f64,
+    /// Every event was applied everywhere within a minute of the load's end (when not, the
+    /// percentiles cover only the events that were, and the sweep stops).
+    pub drained: bool,
+    /// The commands kept up and at most half a second of events waited at the end.
+    pub sustained: bool,
+}
+
+/// The pipeline's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct PipelineFigures {
+    /// The end-to-end measurement at the profile's steady rate.
+    pub e2e: LoadStep,
+    /// The sweep, by rising offered rate.
+    pub sweep: Vec<LoadStep>,
+    /// The highest offered rate of a sustained sweep step.
+    pub events_per_s: u64,
+    /// Peak resident memory and CPU seconds per process over the whole pipeline measurement.
+    pub processes: BTreeMap<String, Usage>,
+}
+
+/// Starts the fleet on a fresh database and stream, measures the steady rate and the sweep.
+pub async fn measure(
+    services: &Services,
+    profile: &Profile,
+    progress: &Progress,
+) -> anyhow::Result<PipelineFigures> {
+    let wiring = Wiring {
+        database_url: services.database_url(DATABASE),
+        nats_url: services.nats_url.clone(),
+        stream: STREAM.into(),
+        subject_prefix: PREFIX.into(),
+        log_filter: "warn,sqlx=error,async_nats=error",
+    };
+    let pool = crate::demo::fresh_database(services, DATABASE, &wiring.database_url).await?;
+    let js = jetstream::new(async_nats::connect(&wiring.nats_url).await?);
+    let _ = js.delete_stream(STREAM).await;
+    let settings = relay::StreamSettings {
+        name: STREAM.into(),
+        subject_prefix: PREFIX.into(),
+        ..relay::StreamSettings::default()
+    };
+    relay::ensure_stream(&js, &settings, false).await?;
+    let mut fleet = Fleet::start(true, wiring).await?;
+    fleet.start_relay().await?;
+    let mut watched: Vec<(String, Watched)> = fleet
+        .pids()
+        .into_iter()
+        .map(|(name, pid)| (name, Watched::Pids(vec![pid])))
+        .collect();
+    watched.push(("postgres".into(), Watched::Database(DATABASE.into())));
+    watched.push((
+        "nats-server".into(),
+        Watched::Pids(nats_pids(&services.nats_url)),
+    ));
+    let sampler = Sampler::start(pool.clone(), watched);
+    let load = Load {
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(MAX_IN_FLIGHT)
+            .timeout(Duration::from_secs(30))
+            .build()?,
+        api: fleet.api.clone(),
+        pool: pool.clone(),
+    };
+    let outcome = async {
+        // A short warm-up: connection pools fill, the first statements are planned.
+        load.step(200, Duration::from_secs(2)).await?;
+        let e2e = load
+            .step(profile.e2e_rate, Duration::from_secs(profile.e2e_seconds))
+            .await?;
+        progress.say(&describe("steady", &e2e));
+        let mut sweep = Vec::new();
+        for &rate in &profile.sweep_rates {
+            let step = load
+                .step(rate, Duration::from_secs(profile.sweep_seconds))
+                .await?;
+            progress.say(&describe("sweep", &step));
+            let drained = step.drained;
+            sweep.push(step);
+            if !drained {
+                progress.say("the pipeline did not catch up within a minute; the sweep stops here");
+                break;
+            }
+        }
+        anyhow::Ok((e2e, sweep))
+    }
+    .await;
+    let processes: BTreeMap<String, Usage> = sampler.finish().await.into_iter().collect();
+    let logs = fleet.stop().await;
+    let (e2e, sweep) = outcome.with_context(|| match &logs {
+        Some(logs) => format!(
+            "the pipeline measurement failed; logs in {}",
+            logs.display()
+        ),
+        None => "the pipeline measurement failed".to_owned(),
+    })?;
+    let events_per_s = sweep
+        .iter()
+        .filter(|s| s.sustained)
+        .map(|s| s.offered)
+        .max()
+        .unwrap_or_default();
+    let _ = js.delete_stream(STREAM).await;
+    pool.close().await;
+    Ok(PipelineFigures {
+        e2e,
+        sweep,
+        events_per_s,
+        processes,
+    })
+}
+
+fn describe(what: &str, step: &LoadStep) -> String {
+    format!(
+        "{what} {} events/s offered: {:.0} accepted/s, {} failed {:?}; commit to applied everywhere \
+         p50 {} ms, p95 {} ms, p99 {} ms; {} waiting at the end, drained in {:.1} s{}",
+        step.offered,
+        step.achieved,
+        step.failed,
+        step.failures,
+        step.p50_ms,
+        step.p95_ms,
+        step.p99_ms,
+        step.backlog_at_end,
+        step.drain_seconds,
+        if step.sustained {
+            ""
+        } else {
+            " — not sustained"
+        }
+    )
+}
+
+/// The load generator and the measurements it needs.
+struct Load {
+    client: reqwest::Client,
+    api: String,
+    pool: PgPool,
+}
+
+impl Load {
+    /// Offers `rate` commands per second for `duration` (each places an order: one event), then
+    /// measures.
+    async fn step(&self, rate: u64, duration: Duration) -> anyhow::Result<LoadStep> {
+        let started_at: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&self.pool)
+            .await?;
+        let accepted = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+        let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let started = Instant::now();
+        let total = rate * duration.as_secs();
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..total {
+            ticker.tick().await;
+            // Open loop: a command is sent on its tick whether or not earlier ones have answered —
+            // unless too many are pending, which only happens when the system cannot keep up.
+            let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                continue;
+            };
+            let (client, url) = (self.client.clone(), format!("{}/orders", self.api));
+            let (accepted, failed) = (accepted.clone(), failed.clone());
+            tasks.spawn(async move {
+                let body = serde_json::json!({
+                    "customer_id": format!("bench-{}", i % 1000),
+                    "currency": "EUR",
+                    "lines": [{"sku": format!("SKU-{}", i % 200), "quantity": 1 + i % 3,
+                               "unit_price_cents": 100 + i % 900}],
+                });
+                let outcome = match client.post(url).json(&body).send().await {
+                    Ok(response) if response.status() == reqwest::StatusCode::CREATED => None,
+                    Ok(response) => Some(response.status().as_u16().to_string()),
+                    Err(error) if error.is_timeout() => Some("timeout".to_owned()),
+                    Err(error) if error.is_connect() => Some("refused".to_owned()),
+                    Err(_) => Some("broken".to_owned()),
+                };
+                drop(permit);
+                match outcome {
+                    None => {
+                        accepted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(reason) => {
+                        *failed
+                            .lock()
+                            .expect("no panics while counting")
+                            .entry(reason)
+                            .or_default() += 1;
+                    }
+                }
+            });
+            while tasks.try_join_next().is_some() {}
+        }
+        let offered_for = started.elapsed();
+        let backlog_at_end = self.backlog(started_at).await?;
+        while tasks.join_next().await.is_some() {}
+        let load_ended = Instant::now();
+        let mut drained = true;
+        while self.backlog(started_at).await? > 0 {
+            if load_ended.elapsed() >= DRAIN_LIMIT {
+                drained = false;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let drain_seconds = load_ended.elapsed().as_secs_f64();
+        let latency = self.latency(started_at).await?;
+        let accepted = accepted.load(Ordering::Relaxed);
+        let achieved = accepted as f64 / offered_for.as_secs_f64();
+        let failures = std::mem::take(&mut *failed.lock().expect("no panics while counting"));
+        let failed = failures.values().sum();
+        Ok(LoadStep {
+            offered: rate,
+            achieved,
+            failed,
+            failures,
+            p50_ms: latency.0,
+            p95_ms: latency.1,
+            p99_ms: latency.2,
+            max_ms: latency.3,
+            samples: latency.4,
+            backlog_at_end,
+            drain_seconds,
+            drained,
+            sustained: drained
+                && failed == 0
+                && achieved >= 0.95 * rate as f64
+                && backlog_at_end as f64 <= rate as f64 / 2.0,
+        })
+    }
+
+    /// Events recorded since `since` that some projection has not applied yet.
+    async fn backlog(&self, since: DateTime<Utc>) -> anyhow::Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM events e
+             WHERE e.recorded_at >= $1
+               AND NOT (EXISTS (SELECT 1 FROM inventory.checkpoints c
+                                WHERE c.aggregate_id = e.aggregate_id AND c.version >= e.aggregate_version)
+                    AND EXISTS (SELECT 1 FROM points.checkpoints c
+                                WHERE c.aggregate_id = e.aggregate_id AND c.version >= e.aggregate_version)
+                    AND EXISTS (SELECT 1 FROM search.checkpoints c
+                                WHERE c.aggregate_id = e.aggregate_id AND c.version >= e.aggregate_version))",
+        )
+        .bind(since)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// p50, p95, p99 and max (ms) from commit to the last projection's checkpoint, and the count, over
+    /// the events recorded since `since` (every one of them is a version 1: its checkpoint is its own).
+    async fn latency(&self, since: DateTime<Utc>) -> anyhow::Result<(f64, f64, f64, f64, i64)> {
+        let row: (Option<Vec<f64>>, Option<f64>, i64) = sqlx::query_as(
+            "WITH applied AS (
+                SELECT (extract(epoch FROM greatest(i.updated_at, p.updated_at, s.updated_at) - e.recorded_at)
+                       * 1000)::float8 AS ms
+                FROM events e
+                JOIN inventory.checkpoints i ON i.aggregate_id = e.aggregate_id
+                JOIN points.checkpoints p ON p.aggregate_id = e.aggregate_id
+                JOIN search.checkpoints s ON s.aggregate_id = e.aggregate_id
+                WHERE e.recorded_at >= $1)
+             SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ms),
+                    max(ms)::float8, count(*)
+             FROM applied",
+        )
+        .bind(since)
+        .fetch_one(&self.pool)
+        .await?;
+        let percentiles = row.0.unwrap_or_default();
+        let at = |i: usize| (percentiles.get(i).copied().unwrap_or_default() * 10.0).round() / 10.0;
+        Ok((
+            at(0),
+            at(1),
+            at(2),
+            (row.1.unwrap_or_default() * 10.0).round() / 10.0,
+            row.2,
+        ))
+    }
+}

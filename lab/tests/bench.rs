@@ -1,0 +1,89 @@
+//! `waybill bench` itself, at tiny sizes (its figures mean nothing here): it runs every part against
+//! real PostgreSQL and a private nats-server, prints a JSON document with every key the performance
+//! issue names, judges the targets from those figures, and draws its plot.
+
+use std::process::Command;
+
+#[test]
+fn the_bench_measures_every_part_and_reports_every_key() {
+    testkit::build_workspace_binaries(env!("CARGO_MANIFEST_DIR"));
+    let nats = testkit::NatsServer::start().expect("nats-server");
+    let plot = tempfile::Builder::new()
+        .suffix(".svg")
+        .tempfile()
+        .expect("a temporary file");
+    let output = Command::new(env!("CARGO_BIN_EXE_waybill-lab"))
+        .args(["bench", "--tiny", "--json", "--plot"])
+        .arg(plot.path())
+        .args(["--nats-url", &nats.url()])
+        .output()
+        .expect("waybill-lab bench runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed:\n{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("one JSON document on stdout");
+
+    for writers in ["1", "4", "16"] {
+        let ratio = report["writers"][writers]["ratio"].as_f64();
+        assert!(
+            ratio.is_some_and(|r| r > 0.0),
+            "writers.{writers}.ratio: {report}"
+        );
+    }
+    for key in ["one", "two", "best", "hot", "baseline", "best_empty_table"] {
+        let rate = report["relay"][key].as_f64();
+        assert!(rate.is_some_and(|r| r > 0.0), "relay.{key}: {report}");
+    }
+    let cpu = &report["relay"]["cpu_us"];
+    let parts: f64 = ["relay", "postgres", "nats"]
+        .iter()
+        .map(|k| cpu[k].as_f64().expect("a CPU share"))
+        .sum();
+    let total = cpu["total"].as_f64().expect("relay.cpu_us.total");
+    assert!(total > 0.0 && (total - parts).abs() < 1e-6, "cpu_us: {cpu}");
+    for key in ["inventory", "points", "search"] {
+        let rate = report["projections"][key].as_f64();
+        assert!(rate.is_some_and(|r| r > 0.0), "projections.{key}: {report}");
+    }
+    assert_eq!(report["e2e"]["rate"], 100);
+    let (p50, p99) = (
+        report["e2e"]["p50_ms"].as_f64().expect("e2e.p50_ms"),
+        report["e2e"]["p99_ms"].as_f64().expect("e2e.p99_ms"),
+    );
+    assert!(report["e2e"]["p95_ms"].is_f64());
+    assert!(p50 > 0.0 && p50 <= p99, "e2e: {}", report["e2e"]);
+    assert!(
+        report["e2e"]["samples"].as_i64().is_some_and(|n| n >= 150),
+        "every event of two seconds at 100/s is measured: {}",
+        report["e2e"]
+    );
+    assert!(report["pipeline"]["events_per_s"].is_u64());
+    assert_eq!(
+        report["pipeline"]["sweep"].as_array().map(Vec::len),
+        Some(2)
+    );
+    for process in [
+        "order service",
+        "waybill-relay",
+        "waybill-inventory",
+        "postgres",
+    ] {
+        let usage = &report["processes"][process];
+        assert!(
+            usage["peak_rss_kib"].as_u64().is_some_and(|kib| kib > 0)
+                && usage["cpu_seconds"].as_f64().is_some_and(|s| s > 0.0),
+            "{process}: {usage}"
+        );
+    }
+    // Every target is judged from this run's figures, met or not.
+    let targets = report["targets"].as_array().expect("targets");
+    assert_eq!(targets.len(), 11, "{targets:?}");
+    let all_met = targets.iter().all(|t| t["met"] == true);
+    assert_eq!(report["all_targets_met"], all_met);
+
+    let svg = std::fs::read_to_string(plot.path()).expect("the plot was written");
+    assert!(
+        svg.starts_with("<svg") && svg.contains("offered events/s"),
+        "not the plot: {svg:.200}"
+    );
+}
