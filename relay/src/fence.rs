@@ -131,6 +131,7 @@ mod tests {
             aggregate_version: version,
             body: Bytes::from_static(b"{}"),
             previous_sequence: None,
+            tid: String::new(),
         }
     }
 

@@ -11,7 +11,7 @@ use async_nats::jetstream;
 use ops::error_chain;
 use serde::Serialize;
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio::sync::Notify;
 
 use crate::admin;
@@ -43,6 +43,8 @@ pub enum ConnectError {
 #[derive(Debug, Clone)]
 pub struct Relay {
     pool: PgPool,
+    /// The same database with `synchronous_commit = on`, for the publish journal only.
+    journal_pool: PgPool,
     client: async_nats::Client,
     jetstream: jetstream::Context,
     config: RelayConfig,
@@ -125,9 +127,9 @@ impl Relay {
             database_url,
             // The prefix is how relays recognise each other's sessions (`waybill_end_stale_claims`).
             &format!("{APPLICATION_PREFIX}{}", config.relay_id),
-            // Per lane: the claim transaction and the journal insert; plus the gauges, the
-            // notification listener (which keeps its connection) and the retention sweep.
-            2 * config.lanes.max(1) as u32 + 3,
+            // Per lane: the claim transaction (the journal has its own pool); plus the gauges,
+            // the notification listener (which keeps its connection) and the retention sweep.
+            config.lanes.max(1) as u32 + 3,
             &[
                 ("idle_in_transaction_session_timeout", idle),
                 // A lost mark (PostgreSQL crashing within ~0.6 s of the commit) only means the rows are
@@ -135,6 +137,10 @@ impl Relay {
                 // every step would buy nothing. The events themselves are written with synchronous
                 // commit by the command side.
                 ("synchronous_commit", "off".to_owned()),
+                // Every relay statement is short and index-driven, but the planner's cost of a count
+                // over a large outbox passed `jit_above_cost`, and `run --once` spent ~100 ms
+                // compiling expressions for a statement that then found nothing.
+                ("jit", "off".to_owned()),
             ],
         )
         .await
@@ -148,7 +154,18 @@ impl Relay {
     }
 
     /// A relay over existing connections.
+    ///
+    /// The publish journal gets a pool of its own (one connection per lane, opened when first used)
+    /// over `pool`'s connect options with `synchronous_commit = on`: its record must survive a
+    /// PostgreSQL crash, and a session setting lets it be written in one round trip.
     pub fn new(pool: PgPool, client: async_nats::Client, config: RelayConfig) -> Self {
+        let journal_options = (*pool.connect_options())
+            .clone()
+            .options([("synchronous_commit", "on")]);
+        let journal_pool = PgPoolOptions::new()
+            .max_connections(config.lanes.max(1) as u32)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(journal_options);
         let jetstream = jetstream::context::ContextBuilder::new()
             .timeout(config.effective_publish_timeout())
             // Every lane may have `max_in_flight` publishes outstanding: lanes must not wait on each
@@ -158,6 +175,7 @@ impl Relay {
             .build(client.clone());
         Self {
             pool,
+            journal_pool,
             client,
             jetstream,
             config,
@@ -205,6 +223,7 @@ impl Relay {
         let ended = self.end_stale_claims().await.map_err(StepError::Claim)?;
         let mut report = step(
             &self.pool,
+            &self.journal_pool,
             &self.jetstream,
             &self.config,
             &self.stopping,
@@ -266,10 +285,10 @@ impl Relay {
             }
             // Heads locked by another relay, or failed and due again within moments (a transient
             // publish failure): wait for them rather than leave them behind.
-            let waiting = admin::heads_due_within(&self.pool, RETRY_WAIT)
+            let waiting = admin::any_head_due_within(&self.pool, RETRY_WAIT)
                 .await
                 .map_err(StepError::Claim)?;
-            if waiting == 0 {
+            if !waiting {
                 return Ok(summary);
             }
             if round.published > 0 {
@@ -277,16 +296,10 @@ impl Relay {
             }
             let since = *waiting_since.get_or_insert_with(Instant::now);
             if since.elapsed() > self.config.stale_claim_age() * 2 + RETRY_WAIT {
-                tracing::warn!(
-                    waiting,
-                    "rows stay locked by another relay or keep failing; leaving them"
-                );
+                tracing::warn!("rows stay locked by another relay or keep failing; leaving them");
                 return Ok(summary);
             }
-            tracing::info!(
-                waiting,
-                "rows are locked by another relay or retry shortly; waiting for them"
-            );
+            tracing::info!("rows are locked by another relay or retry shortly; waiting for them");
             summary.stale_claims_ended +=
                 self.end_stale_claims().await.map_err(StepError::Claim)?;
             tokio::time::sleep(Duration::from_millis(250)).await;

@@ -16,8 +16,8 @@ use uuid::Uuid;
 /// The marks of one step, column by column (ready for `UNNEST`).
 #[derive(Debug, Default)]
 pub struct Settlement {
-    /// Rows JetStream acknowledged, with their stream sequences (unknown for some fenced rows).
-    pub sent: Vec<(i64, Option<i64>)>,
+    /// Rows JetStream acknowledged.
+    pub sent: Vec<SentRow>,
     /// Rows whose publish failed.
     pub failed: Vec<FailedRow>,
     /// Later versions behind a failed row: id and the delay of the row they wait for (`None`: its head
@@ -25,6 +25,17 @@ pub struct Settlement {
     pub held: Vec<(i64, Option<f64>)>,
     /// Rows whose publish outcome is unknown: they stay in the journal.
     pub ambiguous: Vec<i64>,
+}
+
+/// A row JetStream acknowledged, as the settle statement marks it.
+#[derive(Debug)]
+pub struct SentRow {
+    /// The outbox row.
+    pub id: i64,
+    /// Its locked version's `ctid` ([`crate::claim::ClaimedRow::tid`]).
+    pub tid: String,
+    /// Its stream sequence (unknown for some fenced rows).
+    pub sequence: Option<i64>,
 }
 
 /// A row whose publish failed, as the settle statement marks it.
@@ -73,6 +84,10 @@ impl Settlement {
 }
 
 /// Writes `settlement` in the claim's transaction.
+///
+/// Sent rows — nearly all of them — are found by their locked version's `ctid` (a TID scan) rather
+/// than by `id` through the primary key; `id` is still compared, so a mismatch marks nothing and the
+/// row is published again (JetStream dedupes) instead of marking another row.
 pub async fn settle(
     tx: &mut PgConnection,
     settlement: &Settlement,
@@ -85,8 +100,8 @@ pub async fn settle(
             UPDATE outbox o
             SET status = 'sent', sent_at = clock_timestamp(), stream_seq = u.seq, attempts = o.attempts + 1,
                 last_error = NULL, claimed_by = $9, claimed_at = $10
-            FROM UNNEST($1::int8[], $2::int8[]) AS u(id, seq)
-            WHERE o.id = u.id
+            FROM UNNEST($1::int8[], $2::int8[], $13::text[]) AS u(id, seq, tid)
+            WHERE o.ctid = u.tid::tid AND o.id = u.id
             RETURNING 1
         ),
         failed AS (
@@ -119,8 +134,8 @@ pub async fn settle(
                (SELECT count(*) FROM failed) AS failed,
                (SELECT count(*) FROM held) AS held",
     )
-    .bind(settlement.sent.iter().map(|(id, _)| *id).collect::<Vec<_>>())
-    .bind(settlement.sent.iter().map(|(_, seq)| *seq).collect::<Vec<_>>())
+    .bind(settlement.sent.iter().map(|s| s.id).collect::<Vec<_>>())
+    .bind(settlement.sent.iter().map(|s| s.sequence).collect::<Vec<_>>())
     .bind(settlement.failed.iter().map(|f| f.id).collect::<Vec<_>>())
     .bind(settlement.failed.iter().map(|f| f.status).collect::<Vec<_>>())
     .bind(settlement.failed.iter().map(|f| f.retry_in_seconds).collect::<Vec<_>>())
@@ -131,6 +146,7 @@ pub async fn settle(
     .bind(claimed_at)
     .bind(claim_id)
     .bind(&settlement.ambiguous)
+    .bind(settlement.sent.iter().map(|s| s.tid.as_str()).collect::<Vec<_>>())
     .fetch_one(tx)
     .await
 }

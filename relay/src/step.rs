@@ -15,7 +15,7 @@ use crate::claim::{ClaimedRow, claim, into_runs, row_ids};
 use crate::config::RelayConfig;
 use crate::metrics;
 use crate::publish::{Outcome, publish_runs};
-use crate::settle::{Settlement, settle};
+use crate::settle::{SentRow, Settlement, settle};
 
 /// What one step did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -101,8 +101,12 @@ pub enum StepError {
 }
 
 /// Runs one claim–publish–settle step.
+///
+/// `journal_pool` must commit synchronously (`synchronous_commit = on`): the journal record has to
+/// survive a PostgreSQL crash (see [`journal`]).
 pub async fn step(
     pool: &PgPool,
+    journal_pool: &PgPool,
     jetstream: &async_nats::jetstream::Context,
     config: &RelayConfig,
     stopping: &Arc<AtomicBool>,
@@ -130,7 +134,7 @@ pub async fn step(
     };
     let claim_id = Uuid::now_v7();
     let maybe_published = journal(
-        pool,
+        journal_pool,
         claim_id,
         &config.relay_id,
         &row_ids(&runs),
@@ -198,6 +202,11 @@ pub async fn step(
         return Err(StepError::Settle(error, Box::new(report)));
     }
     report.marked_sent = settled.sent as usize;
+    if report.marked_sent < settlement.sent.len() {
+        // Cannot happen while the claim holds its locks; if it does, the rows stay unsent and are
+        // published again (deduplicated), which is safe but worth knowing.
+        tracing::warn!(%claim_id, acknowledged = settlement.sent.len(), marked = report.marked_sent, "fewer rows marked sent than acknowledged");
+    }
     tracing::debug!(
         %claim_id,
         claimed,
@@ -239,9 +248,11 @@ fn assess(
                     report.published += 1;
                     report.duplicates += usize::from(*duplicate);
                     report.fenced += usize::from(*fenced);
-                    settlement
-                        .sent
-                        .push((row.id, sequence.and_then(|s| i64::try_from(s).ok())));
+                    settlement.sent.push(SentRow {
+                        id: row.id,
+                        tid: row.tid.clone(),
+                        sequence: sequence.and_then(|s| i64::try_from(s).ok()),
+                    });
                     let commit_to_ack = (now - row.created_at).to_std().unwrap_or_default();
                     metrics::record_ack(*latency, commit_to_ack.max(*latency));
                     // An unsettled step may have published this row more than the dedupe window
@@ -320,6 +331,11 @@ async fn forget_journal(pool: &PgPool, claim_id: Uuid) {
 /// Only records older than the dedupe window are searched: a younger one's publishes are still
 /// deduplicated by JetStream, and skipping them keeps the array comparison off the hot path (live
 /// steps' records are always younger).
+///
+/// The record must survive a PostgreSQL crash, so it is committed with a WAL flush: `pool`'s sessions
+/// have `synchronous_commit = on` (the relay's others commit asynchronously). One statement in its
+/// own implicit transaction, so one round trip (`BEGIN`, `SET LOCAL synchronous_commit`, the insert
+/// and `COMMIT` were four, in every step, while the claim's row locks waited).
 async fn journal(
     pool: &PgPool,
     claim_id: Uuid,
@@ -327,12 +343,6 @@ async fn journal(
     outbox_ids: &[i64],
     window: std::time::Duration,
 ) -> sqlx::Result<HashMap<i64, DateTime<Utc>>> {
-    // The relay's sessions commit asynchronously; this record must survive a PostgreSQL crash, so its
-    // transaction waits for the WAL flush.
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL synchronous_commit = on")
-        .execute(&mut *tx)
-        .await?;
     let rows: Vec<EarlierPublish> = sqlx::query_as(
         "WITH recorded AS (
             INSERT INTO outbox_inflight (claim_id, relay, outbox_ids) VALUES ($1, $2, $3)
@@ -347,9 +357,8 @@ async fn journal(
     .bind(relay_id)
     .bind(outbox_ids)
     .bind(window.as_secs_f64())
-    .fetch_all(&mut *tx)
+    .fetch_all(pool)
     .await?;
-    tx.commit().await?;
     Ok(rows
         .into_iter()
         .map(|row| (row.outbox_id, row.started_at))

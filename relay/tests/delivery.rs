@@ -721,3 +721,27 @@ async fn a_purged_predecessor_is_fenced_from_the_stream(pool: PgPool) {
     assert_eq!(check.messages, 2);
     assert!(check.holds(), "{check:?}");
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_claim_gives_every_head_an_equal_share_of_its_followers(pool: PgPool) {
+    // Four orders of three unsent versions; room for eight rows: every order gets its head and one
+    // follower. (One sort over all followers, cut at the limit, gave the first two orders in UUID
+    // order all their versions and the other two only their heads: long chains of sequential PubAcks
+    // beside idle ones, which is what starved hot aggregates.)
+    seed(&pool, 4, 3).await;
+    let mut tx = pool.begin().await.expect("begin");
+    let rows = relay::claim::claim(&mut tx, 4, 8).await.expect("claim");
+    let (runs, left_out) = relay::claim::into_runs(rows);
+    let shape: Vec<Vec<i64>> = runs
+        .iter()
+        .map(|run| run.iter().map(|r| r.aggregate_version).collect())
+        .collect();
+    assert_eq!(shape, vec![vec![1, 2]; 4]);
+    assert_eq!(left_out, 0);
+    // The locked versions' addresses are what the settle finds them by.
+    assert!(
+        runs.iter().flatten().all(|r| r.tid.starts_with('(')),
+        "{runs:?}"
+    );
+    tx.rollback().await.expect("rollback");
+}
