@@ -13,7 +13,8 @@ use crate::redact::redact_url;
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
 pub struct NatsConnection {
     /// NATS server URL: nats://host:port, or tls://host:port to require TLS (TLS is also used when
-    /// the server requires it). user:password@ in the URL is accepted and never printed.
+    /// the server requires it); several servers of a cluster comma-separated. user:password@ in the
+    /// URL is accepted and never printed.
     #[arg(
         id = "nats_url",
         value_name = "URL",
@@ -127,8 +128,18 @@ impl NatsConnection {
     /// Connects as `name` (shown in the server's connection list). Credentials in the URL are taken
     /// out of it and sent as user and password (the client library would otherwise ignore them).
     pub async fn connect(&self, name: &str) -> anyhow::Result<async_nats::Client> {
-        let (url, url_user, url_password) = split_credentials(&self.url)
-            .with_context(|| format!("the NATS URL {} is not valid", self.shown()))?;
+        // A comma-separated list names several servers of one cluster: the client connects to one
+        // of them and fails over to the others (and to those the cluster advertises).
+        let mut urls = Vec::new();
+        let (mut url_user, mut url_password) = (None, None);
+        for part in self.url.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (url, user, password) = split_credentials(part)
+                .with_context(|| format!("the NATS URL {} is not valid", self.shown()))?;
+            url_user = url_user.or(user);
+            url_password = url_password.or(password);
+            urls.push(url);
+        }
+        anyhow::ensure!(!urls.is_empty(), "the NATS URL is empty");
         let mut options = match (&self.creds, &self.nkey) {
             (Some(creds), _) => async_nats::ConnectOptions::with_credentials_file(creds)
                 .await
@@ -171,13 +182,16 @@ impl NatsConnection {
                 anyhow::bail!("a NATS client certificate needs both NATS_TLS_CERT and NATS_TLS_KEY")
             }
         }
-        if url.starts_with("tls://") || self.ca.is_some() || self.tls_cert.is_some() {
+        if urls.iter().any(|url| url.starts_with("tls://"))
+            || self.ca.is_some()
+            || self.tls_cert.is_some()
+        {
             options = options.require_tls(true);
         }
         options
             .name(name)
             .connection_timeout(Duration::from_secs(5))
-            .connect(url.as_str())
+            .connect(urls)
             .await
             .map_err(|error| anyhow::anyhow!("{}", redact_url(&error.to_string())))
             .with_context(|| format!("connecting to NATS at {}", self.shown()))
@@ -231,5 +245,9 @@ mod tests {
             connection.shown()
         );
         assert!(connection.shown().contains("relay"));
+        let cluster = NatsConnection::from(
+            "nats://relay:hunter2@127.0.0.1:4222,nats://relay:hunter2@127.0.0.1:4223",
+        );
+        assert!(!cluster.shown().contains("hunter2"), "{}", cluster.shown());
     }
 }

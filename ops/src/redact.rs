@@ -16,9 +16,10 @@ fn redact_userinfo(text: &str) -> String {
     while let Some(at) = rest.find("://") {
         let (head, tail) = rest.split_at(at + 3);
         out.push_str(head);
-        // The authority ends at the first '/', '?', '#' or white space.
+        // The authority ends at the first '/', '?', '#', white space or ',' (a list of server URLs,
+        // as NATS_URL may be).
         let end = tail
-            .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace())
+            .find(|c: char| matches!(c, '/' | '?' | '#' | ',') || c.is_whitespace())
             .unwrap_or(tail.len());
         let authority = &tail[..end];
         match authority.rsplit_once('@') {

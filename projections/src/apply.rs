@@ -40,6 +40,14 @@ pub enum ApplyError {
     },
     #[error("moving checkpoints")]
     MoveCheckpoints(#[source] sqlx::Error),
+    /// Another transaction moved some of the batch's checkpoints after this one read them (an
+    /// instance of another partition layout, say): the batch is rolled back and run again, when it
+    /// finds those events applied.
+    #[error("{moved} of the batch's checkpoints moved under it")]
+    CheckpointsMoved {
+        /// How many.
+        moved: usize,
+    },
     #[error("holding events that wait for their predecessor")]
     Hold(#[source] sqlx::Error),
     #[error(transparent)]
@@ -83,6 +91,12 @@ pub(crate) async fn decide_and_apply<P: Projection>(
         .await
         .map_err(ApplyError::ReadCheckpoints)?;
 
+    // The versions the batch starts from: a checkpoint moves only from the version read here.
+    let read_versions: HashMap<Uuid, i64> = known
+        .checkpoints
+        .iter()
+        .map(|(id, checkpoint)| (*id, checkpoint.version))
+        .collect();
     let mut plan = Plan::new(messages.len(), known.checkpoints);
     if let Some((aggregate_id, version)) = force {
         plan.force(aggregate_id, version);
@@ -97,7 +111,7 @@ pub(crate) async fn decide_and_apply<P: Projection>(
     let taken = take_due(tx, &mut plan, &known.with_held, upcasters).await?;
     let outcome = plan.finish();
 
-    apply(tx, projection, &outcome, &decoded, &taken).await?;
+    apply(tx, projection, &outcome, &decoded, &taken, &read_versions).await?;
     let to_hold: Vec<(&RawMessage, &Decoded)> = outcome
         .hold
         .iter()
@@ -201,6 +215,7 @@ async fn apply<P: Projection>(
     outcome: &Outcome,
     decoded: &[Option<Decoded>],
     taken: &[(HeldRow, Result<Decoded, Poison>)],
+    read_versions: &HashMap<Uuid, i64>,
 ) -> Result<(), ApplyError> {
     let events: Vec<Decoded> = outcome
         .apply
@@ -230,9 +245,13 @@ async fn apply<P: Projection>(
         .iter()
         .map(|event| (event.order_id.as_uuid(), event.event_id))
         .collect();
-    move_checkpoints(tx, &outcome.checkpoints, &last_event)
+    let written = move_checkpoints(tx, &outcome.checkpoints, &last_event, read_versions)
         .await
-        .map_err(ApplyError::MoveCheckpoints)
+        .map_err(ApplyError::MoveCheckpoints)?;
+    match outcome.checkpoints.len() - written {
+        0 => Ok(()),
+        moved => Err(ApplyError::CheckpointsMoved { moved }),
+    }
 }
 
 /// What the checkpoint table knows of a batch's orders.
@@ -287,18 +306,30 @@ async fn read_checkpoints(tx: &mut PgConnection, aggregates: &[Uuid]) -> sqlx::R
     })
 }
 
+/// Moves the checkpoints, each only from the version the batch read (none read: only if still
+/// absent); returns how many moved. Fewer than asked means another transaction applied some of these
+/// orders meanwhile — batches of one partition layout never race (a partition's lock), but instances
+/// started with different partition counts would: the row lock the upsert waits for, and this
+/// condition checked on the committed row, keep one of them from applying an event a second time.
 async fn move_checkpoints(
     tx: &mut PgConnection,
     moved: &BTreeMap<Uuid, Checkpoint>,
     last_event: &HashMap<Uuid, Uuid>,
-) -> sqlx::Result<()> {
+    read_versions: &HashMap<Uuid, i64>,
+) -> sqlx::Result<usize> {
     // An operator's release moves a checkpoint without an event: `event_id` stays NULL then.
-    sqlx::query(
-        "INSERT INTO checkpoints (aggregate_id, version, event_id, total_cents)
-         SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::int8[])
+    // `updated_at` is the statement's clock, not the transaction's start (`now()`): it is written after
+    // the batch's changes, just before the commit, and `waybill bench` measures delivery latency by it.
+    let written = sqlx::query(
+        "INSERT INTO checkpoints (aggregate_id, version, event_id, total_cents, updated_at)
+         SELECT aggregate_id, version, event_id, total_cents, clock_timestamp()
+         FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::int8[])
+             AS m(aggregate_id, version, event_id, total_cents)
          ON CONFLICT (aggregate_id) DO UPDATE
              SET version = EXCLUDED.version, event_id = EXCLUDED.event_id,
-                 total_cents = EXCLUDED.total_cents, updated_at = now()",
+                 total_cents = EXCLUDED.total_cents, updated_at = EXCLUDED.updated_at
+             WHERE checkpoints.version IS NOT DISTINCT FROM
+                 ($5::int8[])[array_position($1::uuid[], checkpoints.aggregate_id)]",
     )
     .bind(moved.keys().copied().collect::<Vec<_>>())
     .bind(moved.values().map(|c| c.version).collect::<Vec<_>>())
@@ -309,9 +340,15 @@ async fn move_checkpoints(
             .collect::<Vec<_>>(),
     )
     .bind(moved.values().map(|c| c.total_cents).collect::<Vec<_>>())
+    .bind(
+        moved
+            .keys()
+            .map(|id| read_versions.get(id).copied())
+            .collect::<Vec<_>>(),
+    )
     .execute(&mut *tx)
     .await?;
-    Ok(())
+    Ok(written.rows_affected() as usize)
 }
 
 fn offer(slot: Slot, decoded: &Decoded) -> Offer {

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use crate::held::{self, HeldError};
 use crate::park::{self, ParkedError};
+use crate::partition::Partitions;
 use crate::projection::Projection;
 use crate::runner::{Runner, RunnerConfig, Tally};
 
@@ -100,6 +101,29 @@ pub struct Connection {
     /// them later. For rehearsing a rollout; repeatable (comma-separated in the environment variable).
     #[arg(long = "max-version", env = "WAYBILL_MAX_VERSIONS", value_name = "TYPE=VERSION", value_delimiter = ',', value_parser = max_version, global = true)]
     pub max_versions: Vec<(String, i32)>,
+
+    /// Split the orders into P partitions by order id (the id as a number, modulo P), each read
+    /// through its own durable consumer `<name>-p<K>of<P>`; every instance of the projection must be
+    /// given the same P. 1 (the default) is one consumer named after the projection.
+    #[arg(
+        long,
+        env = "WAYBILL_PARTITIONS",
+        value_name = "P",
+        default_value_t = 1,
+        global = true
+    )]
+    pub partitions: u32,
+
+    /// The partitions this instance applies, 0 to P-1; repeatable, or comma-separated (default:
+    /// all). Give each partition to one instance; see docs/scale-out.md.
+    #[arg(
+        long = "partition",
+        env = "WAYBILL_PARTITION",
+        value_name = "K",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub partition: Vec<u32>,
 }
 
 fn max_version(text: &str) -> Result<(String, i32), String> {
@@ -271,16 +295,20 @@ pub struct RunArgs {
 }
 
 impl Connection {
-    /// The runner settings these flags describe.
-    pub fn runner_config(&self) -> RunnerConfig {
-        RunnerConfig {
+    /// The runner settings these flags describe; refused (exit 2) when `--partition` names a
+    /// partition not below `--partitions`.
+    pub fn runner_config(&self) -> Result<RunnerConfig, ops::Refused> {
+        let partitions =
+            Partitions::new(self.partitions, &self.partition).map_err(ops::Refused::new)?;
+        Ok(RunnerConfig {
             stream: self.shared.stream.clone(),
             subject_prefix: self.shared.subject_prefix.clone(),
             batch_size: self.batch_size.max(1),
             ack_wait: self.ack_wait.into(),
             max_versions: self.max_versions.clone(),
+            partitions,
             ..RunnerConfig::default()
-        }
+        })
     }
 }
 
@@ -293,7 +321,7 @@ pub async fn run_common<P: Projection>(
     read_routes: impl FnOnce(PgPool) -> axum::Router,
 ) -> anyhow::Result<()> {
     #[cfg_attr(not(feature = "fault-injection"), allow(unused_mut))]
-    let mut config = connection.runner_config();
+    let mut config = connection.runner_config()?;
     #[cfg(feature = "fault-injection")]
     match &command {
         Common::Run(args) if args.crash_after_commit => {
@@ -360,6 +388,7 @@ pub async fn run_common<P: Projection>(
             tracing::info!(
                 projection = P::NAME,
                 once = args.once,
+                partitions = %runner.config().partitions,
                 "projection starting"
             );
             let mut progress = Progress::new(P::NAME);
@@ -517,6 +546,7 @@ async fn serve_telemetry<P: Projection>(
     let metrics = ops::install_metrics_recorder()
         .map_err(|source| TelemetryError::Recorder(source.into()))?;
     crate::metrics::describe();
+    crate::metrics::record_owned(P::NAME, &runner.config().partitions);
     let health_runner = runner.clone();
     let health: ops::HealthCheck = Arc::new(move || {
         let runner = health_runner.clone();
@@ -524,9 +554,11 @@ async fn serve_telemetry<P: Projection>(
             let database = sqlx::query("SELECT 1").execute(runner.pool()).await.is_ok();
             let nats =
                 runner.client().connection_state() == async_nats::connection::State::Connected;
+            let partitions = &runner.config().partitions;
             (
                 database && nats,
-                json!({"projection": P::NAME, "database": database, "nats": nats}),
+                json!({"projection": P::NAME, "database": database, "nats": nats,
+                       "partitions": {"count": partitions.count(), "owned": partitions.owned()}}),
             )
         })
     });
@@ -544,7 +576,25 @@ async fn serve_telemetry<P: Projection>(
 /// Refreshes the lag, held and parked gauges every 5 s.
 async fn refresh_gauges<P: Projection>(runner: Arc<Runner<P>>) {
     loop {
-        if let Ok((pending, ack_pending)) = runner.lag().await {
+        let partitions = &runner.config().partitions;
+        let mut total = Some((0, 0));
+        for &partition in partitions.owned() {
+            match runner.lag_of(&runner.partition_consumer(partition)).await {
+                Ok((pending, ack_pending)) => {
+                    if !partitions.is_single() {
+                        crate::metrics::record_partition_lag(
+                            P::NAME,
+                            partitions.label(partition),
+                            pending,
+                            ack_pending,
+                        );
+                    }
+                    total = total.map(|(p, a)| (p + pending, a + ack_pending));
+                }
+                Err(_) => total = None,
+            }
+        }
+        if let Some((pending, ack_pending)) = total {
             crate::metrics::record_lag(P::NAME, pending, ack_pending);
         }
         if let (Ok(held), Ok(parked)) = (
@@ -585,25 +635,37 @@ async fn print_summary<P: Projection>(
                             "aggregate_version": p.aggregate_version, "reason": p.reason})
             })
             .collect();
-        println!(
-            "{}",
-            json!({
-                "projection": P::NAME,
-                "tally": tally,
-                "held": {"count": stats.count, "aggregates": stats.aggregates,
-                         "oldest_seconds": stats.oldest_seconds, "first": held},
-                "parked": {"count": parked_open, "first": parked},
-            })
-        );
+        let mut summary = json!({
+            "projection": P::NAME,
+            "tally": tally,
+            "held": {"count": stats.count, "aggregates": stats.aggregates,
+                     "oldest_seconds": stats.oldest_seconds, "first": held},
+            "parked": {"count": parked_open, "first": parked},
+        });
+        let partitions = &runner.config().partitions;
+        if !partitions.is_single() {
+            summary["partitions"] =
+                json!({"count": partitions.count(), "owned": partitions.owned()});
+        }
+        println!("{summary}");
     } else {
         println!(
-            "{}: {verb} {} messages: applied={} duplicates={} held={} parked={}",
+            "{}: {verb} {} messages: applied={} duplicates={} held={} parked={}{}",
             P::NAME,
             tally.messages,
             tally.applied,
             tally.duplicates,
             tally.held,
-            tally.parked
+            tally.parked,
+            if runner.config().partitions.is_single() {
+                String::new()
+            } else {
+                format!(
+                    " (partitions {}; {} other partitions' messages skipped)",
+                    runner.config().partitions,
+                    tally.skipped
+                )
+            }
         );
         println!(
             "held now: {} event(s) of {} order(s); parked now: {parked_open}",

@@ -36,30 +36,62 @@ const STUCK_AFTER: Duration = Duration::from_secs(10);
 
 impl<P: Projection> Runner<P> {
     /// Consumes until `shutdown` resolves (or, with `once`, until nothing more can be applied: nothing
-    /// is left to deliver and nothing is unacknowledged).
+    /// is left to deliver and nothing is unacknowledged). With several owned partitions, each one's
+    /// consumer is read by its own loop, side by side; `progress` sees the sum.
     pub async fn run(
         &self,
         shutdown: impl std::future::Future<Output = ()> + Send,
         once: bool,
-        mut progress: impl FnMut(&Tally) + Send,
+        progress: impl FnMut(&Tally) + Send,
     ) -> Result<Tally, RunError> {
         metrics::describe();
         crate::schema::check_layout(&self.pool, &self.schema).await?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let shared = std::sync::Mutex::new((Tally::default(), progress));
+        let mut loops = Box::pin(futures::future::try_join_all(
+            self.config.partitions.owned().iter().map(|&partition| {
+                self.consume_partition(partition, stopped.clone(), once, &shared)
+            }),
+        ));
         tokio::pin!(shutdown);
-        let mut tally = Tally::default();
+        let finished = tokio::select! {
+            finished = &mut loops => finished,
+            () = &mut shutdown => {
+                // Each loop stops between batches, as a single one always did.
+                let _ = stop.send(true);
+                (&mut loops).await
+            }
+        };
+        drop(loops);
+        finished?;
+        let (tally, _) = shared
+            .into_inner()
+            .unwrap_or_else(|poison| poison.into_inner());
+        Ok(tally)
+    }
+
+    /// One partition's loop: its consumer's batches, applied and settled one after the other.
+    async fn consume_partition<F: FnMut(&Tally) + Send>(
+        &self,
+        partition: u32,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+        once: bool,
+        shared: &std::sync::Mutex<(Tally, F)>,
+    ) -> Result<(), RunError> {
+        let consumer_name = self.partition_consumer(partition);
         // When a batch last settled anything: only a failing database settles nothing.
         let mut last_progress = Instant::now();
         'connect: loop {
-            let consumer = match self.consumer().await {
+            let consumer = match self.consumer_of(&consumer_name).await {
                 Ok(consumer) => consumer,
                 Err(error) if !once => {
                     tracing::warn!(
                         error = %ops::error_chain(&error),
-                        consumer = %self.consumer_name,
+                        consumer = %consumer_name,
                         "consumer unavailable; retrying in 2 s"
                     );
                     tokio::select! {
-                        () = &mut shutdown => return Ok(tally),
+                        _ = stopped.changed() => return Ok(()),
                         () = tokio::time::sleep(Duration::from_secs(2)) => continue 'connect,
                     }
                 }
@@ -71,12 +103,12 @@ impl<P: Projection> Runner<P> {
                 .messages()
                 .await
                 .map_err(|source| BrokerError::Messages {
-                    consumer: self.consumer_name.clone(),
+                    consumer: consumer_name.clone(),
                     source,
                 })?;
             loop {
                 let first = tokio::select! {
-                    () = &mut shutdown => return Ok(tally),
+                    _ = stopped.changed() => return Ok(()),
                     next = tokio::time::timeout(Duration::from_secs(1), messages.next()) => next,
                 };
                 let first = match first {
@@ -84,6 +116,7 @@ impl<P: Projection> Runner<P> {
                     Ok(Some(Err(error))) => {
                         tracing::warn!(
                             error = %ops::error_chain(&error),
+                            consumer = %consumer_name,
                             "consumer stream error; reconnecting"
                         );
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -91,8 +124,8 @@ impl<P: Projection> Runner<P> {
                     }
                     Ok(None) => continue 'connect,
                     Err(_idle) => {
-                        if once && self.caught_up(last_progress).await? {
-                            return Ok(tally);
+                        if once && self.caught_up(&consumer_name, last_progress).await? {
+                            return Ok(());
                         }
                         continue;
                     }
@@ -104,24 +137,29 @@ impl<P: Projection> Runner<P> {
                         _ => break,
                     }
                 }
-                let report = self.handle(batch).await;
-                let settled = report.messages > 0;
+                let report = self.handle(partition, batch).await;
+                let settled = report.messages + report.skipped > 0;
                 if settled {
                     last_progress = Instant::now();
                 }
-                tally.merge(&report);
-                progress(&tally);
-                if once && !settled && self.caught_up(last_progress).await? {
-                    return Ok(tally);
+                {
+                    let mut shared = shared.lock().unwrap_or_else(|poison| poison.into_inner());
+                    let (tally, progress) = &mut *shared;
+                    tally.merge(&report);
+                    progress(tally);
+                }
+                if once && !settled && self.caught_up(&consumer_name, last_progress).await? {
+                    return Ok(());
                 }
             }
         }
     }
 
-    /// With `--once`: true when the consumer has nothing left to deliver and nothing unacknowledged —
-    /// or when the database has settled nothing for [`STUCK_AFTER`] (the messages stay on the broker).
-    async fn caught_up(&self, last_progress: Instant) -> Result<bool, BrokerError> {
-        let (pending, ack_pending) = self.lag().await?;
+    /// With `--once`: true when consumer `name` has nothing left to deliver and nothing
+    /// unacknowledged — or when the database has settled nothing for [`STUCK_AFTER`] (the messages
+    /// stay on the broker).
+    async fn caught_up(&self, name: &str, last_progress: Instant) -> Result<bool, BrokerError> {
+        let (pending, ack_pending) = self.lag_of(name).await?;
         if pending > 0 {
             return Ok(false);
         }
@@ -131,6 +169,7 @@ impl<P: Projection> Runner<P> {
         let stuck = last_progress.elapsed() > STUCK_AFTER;
         if stuck {
             tracing::warn!(
+                consumer = name,
                 unacknowledged = ack_pending,
                 "messages stay unacknowledged because the database keeps failing; ending the run"
             );
@@ -138,11 +177,33 @@ impl<P: Projection> Runner<P> {
         Ok(stuck)
     }
 
-    /// Applies one batch and settles every message with the broker.
-    async fn handle(&self, batch: Vec<jetstream::Message>) -> Tally {
+    /// Applies one batch of `partition`'s consumer and settles every message with the broker. The
+    /// other partitions' messages are acked without being applied: their own partition applies them.
+    async fn handle(&self, partition: u32, delivered: Vec<jetstream::Message>) -> Tally {
         let started = Instant::now();
+        let partitions = &self.config.partitions;
+        let (batch, others): (Vec<_>, Vec<_>) = delivered
+            .into_iter()
+            .partition(|message| partitions.of_subject(&message.subject) == partition);
+        for message in &others {
+            if let Err(error) = message.ack().await {
+                // A lost ack means a redelivery, skipped again.
+                tracing::debug!(error = %ops::error_chain(error.as_ref()), "ack failed");
+            }
+        }
+        let mut tally = Tally {
+            skipped: others.len() as u64,
+            ..Tally::default()
+        };
+        if !others.is_empty() {
+            metrics::record_skipped(P::NAME, partitions.label(partition), tally.skipped);
+        }
+        if batch.is_empty() {
+            return tally;
+        }
         let raw: Vec<RawMessage> = batch.iter().map(raw_message).collect();
-        let verdicts: Vec<Option<Verdict>> = match self.apply_batch(&raw).await {
+        let verdicts: Vec<Option<Verdict>> = match self.apply_partition_batch(partition, &raw).await
+        {
             Ok(verdicts) => verdicts.into_iter().map(Some).collect(),
             Err(error) => {
                 // Nothing was committed. One message may be to blame: apply them one by one, so
@@ -156,7 +217,7 @@ impl<P: Projection> Runner<P> {
                 );
                 let mut verdicts = Vec::with_capacity(raw.len());
                 for message in &raw {
-                    verdicts.push(self.apply_alone(message).await);
+                    verdicts.push(self.apply_alone(partition, message).await);
                 }
                 verdicts
             }
@@ -178,7 +239,6 @@ impl<P: Projection> Runner<P> {
                 tracing::debug!(error = %ops::error_chain(error.as_ref()), "ack failed");
             }
         }
-        let mut tally = Tally::default();
         tally.count(&verdicts.iter().flatten().copied().collect::<Vec<_>>());
         metrics::record_batch(P::NAME, &tally, started.elapsed());
         tracing::debug!(projection = P::NAME, ?tally, "batch");
@@ -188,10 +248,13 @@ impl<P: Projection> Runner<P> {
     /// Applies one message on its own. A message that fails twice while the database answers is
     /// parked with the error as its reason (a transient failure rarely repeats); if even parking fails,
     /// `None`: the broker redelivers it later.
-    async fn apply_alone(&self, message: &RawMessage) -> Option<Verdict> {
+    async fn apply_alone(&self, partition: u32, message: &RawMessage) -> Option<Verdict> {
         let mut last_error = String::new();
         for attempt in 0..2 {
-            match self.apply_batch(std::slice::from_ref(message)).await {
+            match self
+                .apply_partition_batch(partition, std::slice::from_ref(message))
+                .await
+            {
                 Ok(verdicts) => return verdicts.first().copied(),
                 Err(error) if unreachable_database(&error) => {
                     // Not the message's fault: it must not be parked for it. The broker redelivers.

@@ -1,5 +1,7 @@
-//! The projection's durable JetStream consumer: created when missing (and refused when an existing one
-//! would deliver something else), measured for lag, deleted and recreated by rebuilds.
+//! The projection's durable JetStream consumers — one, named after the projection, or one per owned
+//! partition (`<name>-p<K>of<P>`, each over the whole stream: see `partition.rs`): created when
+//! missing (and refused when an existing one would deliver something else), measured for lag, deleted
+//! and recreated by rebuilds.
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
 use async_nats::jetstream::context::{ConsumerInfoError, GetStreamError, RequestError};
@@ -75,10 +77,31 @@ pub enum BrokerError {
 }
 
 impl<P: Projection> Runner<P> {
-    pub(crate) fn consumer_config(&self, deliver_policy: DeliverPolicy) -> pull::Config {
+    /// The durable consumer of `partition`.
+    pub(crate) fn partition_consumer(&self, partition: u32) -> String {
+        self.config
+            .partitions
+            .consumer_name(&self.consumer_name, partition)
+    }
+
+    pub(crate) fn consumer_config(
+        &self,
+        name: &str,
+        deliver_policy: DeliverPolicy,
+    ) -> pull::Config {
+        let partitions = &self.config.partitions;
+        let description = if partitions.is_single() {
+            format!("waybill {} projection", P::NAME)
+        } else {
+            format!(
+                "waybill {} projection, one of {} partitions",
+                P::NAME,
+                partitions.count()
+            )
+        };
         pull::Config {
-            durable_name: Some(self.consumer_name.clone()),
-            description: Some(format!("waybill {} projection", P::NAME)),
+            durable_name: Some(name.to_owned()),
+            description: Some(description),
             deliver_policy,
             ack_policy: AckPolicy::Explicit,
             ack_wait: self.config.ack_wait,
@@ -98,24 +121,30 @@ impl<P: Projection> Runner<P> {
             })
     }
 
-    /// The projection's durable consumer, created when missing. An existing one with another filter or
-    /// ack policy is refused with the difference named.
+    /// The projection's durable consumer (its first owned partition's), created when missing. An
+    /// existing one with another filter or ack policy is refused with the difference named.
     pub async fn consumer(&self) -> Result<PullConsumer, BrokerError> {
-        let wanted = self.consumer_config(DeliverPolicy::All);
+        let first = self.config.partitions.owned()[0];
+        self.consumer_of(&self.partition_consumer(first)).await
+    }
+
+    /// Durable consumer `name`, created when missing, checked as [`Runner::consumer`] says.
+    pub(crate) async fn consumer_of(&self, name: &str) -> Result<PullConsumer, BrokerError> {
+        let wanted = self.consumer_config(name, DeliverPolicy::All);
         let mut consumer: PullConsumer = self
             .stream()
             .await?
-            .get_or_create_consumer(&self.consumer_name, wanted.clone())
+            .get_or_create_consumer(name, wanted.clone())
             .await
             .map_err(|source| BrokerError::CreateConsumer {
-                consumer: self.consumer_name.clone(),
+                consumer: name.to_owned(),
                 source,
             })?;
         let actual = consumer
             .info()
             .await
             .map_err(|source| BrokerError::ConsumerInfo {
-                consumer: self.consumer_name.clone(),
+                consumer: name.to_owned(),
                 source,
             })?
             .config
@@ -123,7 +152,7 @@ impl<P: Projection> Runner<P> {
         if actual.filter_subject != wanted.filter_subject || actual.ack_policy != wanted.ack_policy
         {
             return Err(BrokerError::ConsumerMismatch {
-                consumer: self.consumer_name.clone(),
+                consumer: name.to_owned(),
                 actual_filter: actual.filter_subject,
                 actual_ack: actual.ack_policy,
                 wanted_filter: wanted.filter_subject,
@@ -132,7 +161,7 @@ impl<P: Projection> Runner<P> {
         }
         if actual.ack_wait != wanted.ack_wait || actual.max_ack_pending != wanted.max_ack_pending {
             tracing::warn!(
-                consumer = %self.consumer_name,
+                consumer = name,
                 ack_wait = ?actual.ack_wait,
                 max_ack_pending = actual.max_ack_pending,
                 "the existing consumer keeps its own ack wait and ack-pending limit; `rebuild` recreates it with the new ones"
@@ -153,14 +182,26 @@ impl<P: Projection> Runner<P> {
             })
     }
 
-    /// Messages in the stream not yet delivered to the consumer, and delivered but not acknowledged.
+    /// Messages in the stream not yet delivered to the consumer, and delivered but not acknowledged:
+    /// summed over the owned partitions' consumers.
     pub async fn lag(&self) -> Result<(u64, u64), BrokerError> {
-        let mut consumer = self.existing_consumer(&self.consumer_name).await?;
+        let mut total = (0, 0);
+        for &partition in self.config.partitions.owned() {
+            let (pending, ack_pending) = self.lag_of(&self.partition_consumer(partition)).await?;
+            total.0 += pending;
+            total.1 += ack_pending;
+        }
+        Ok(total)
+    }
+
+    /// [`Runner::lag`] of one consumer.
+    pub(crate) async fn lag_of(&self, name: &str) -> Result<(u64, u64), BrokerError> {
+        let mut consumer = self.existing_consumer(name).await?;
         let info = consumer
             .info()
             .await
             .map_err(|source| BrokerError::ConsumerInfo {
-                consumer: self.consumer_name.clone(),
+                consumer: name.to_owned(),
                 source,
             })?;
         Ok((info.num_pending, info.num_ack_pending as u64))

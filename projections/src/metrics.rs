@@ -1,5 +1,7 @@
 //! The projections' metrics, labelled by projection. Counters move per batch; the lag, held and parked
-//! gauges are refreshed from the consumer's info and the projection's tables every few seconds.
+//! gauges are refreshed from the consumer's info and the projection's tables every few seconds. With
+//! several partitions, the per-partition series add a `partition` label (`<K>of<P>`); the series
+//! without it stay the instance's totals, as with one partition.
 
 use std::time::Duration;
 
@@ -49,6 +51,52 @@ pub fn describe() {
         "waybill_projection_lag_messages",
         "Messages in the stream not yet delivered to the projection, plus delivered but unacknowledged ones."
     );
+    describe_gauge!(
+        "waybill_projection_partition_lag_messages",
+        "Per owned partition: messages not yet delivered to the partition's consumer, plus delivered but unacknowledged ones."
+    );
+    describe_gauge!(
+        "waybill_projection_partition_owned",
+        "1 for each partition this instance applies (label partition=\"<K>of<P>\")."
+    );
+    describe_counter!(
+        "waybill_projection_partition_skipped_total",
+        "Messages of other partitions, read by this partition's consumer and acknowledged without being applied."
+    );
+    describe_counter!(
+        "waybill_projection_batch_conflicts_total",
+        "Batches rolled back by a deadlock or serialization failure with another partition's batch, and run again."
+    );
+}
+
+/// Names the partitions this instance applies.
+pub fn record_owned(projection: &'static str, partitions: &crate::partition::Partitions) {
+    for &k in partitions.owned() {
+        gauge!("waybill_projection_partition_owned", "projection" => projection, "partition" => partitions.label(k))
+            .set(1.0);
+    }
+}
+
+/// Counts a partition's batch: what it skipped (other partitions' messages).
+pub fn record_skipped(projection: &'static str, partition: String, skipped: u64) {
+    counter!("waybill_projection_partition_skipped_total", "projection" => projection, "partition" => partition)
+        .increment(skipped);
+}
+
+/// Counts a batch run again after a conflict.
+pub fn record_conflict(projection: &'static str) {
+    counter!("waybill_projection_batch_conflicts_total", "projection" => projection).increment(1);
+}
+
+/// Publishes one partition's lag.
+pub fn record_partition_lag(
+    projection: &'static str,
+    partition: String,
+    pending: u64,
+    ack_pending: u64,
+) {
+    gauge!("waybill_projection_partition_lag_messages", "projection" => projection, "partition" => partition)
+        .set((pending + ack_pending) as f64);
 }
 
 /// Counts one batch.

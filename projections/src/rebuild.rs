@@ -1,7 +1,9 @@
 //! Rebuilds, blue/green: the new state is built from the start of the stream in its own schema
 //! (`<name>_next`) by its own consumer (`<name>_rebuild`), while readers keep the old state. Once it
 //! has caught up, one transaction puts it in the old one's place, and the live consumer is recreated to
-//! continue right after the last message the rebuild consumed. A rebuild that fails or is stopped
+//! continue right after the last message the rebuild consumed — with several partitions, every
+//! partition's consumer (`<name>-p<K>of<P>`, all P of them whichever this instance owns), since the
+//! rebuilt state holds every partition's orders. A rebuild that fails or is stopped
 //! leaves the old state and consumer untouched; the next rebuild starts afresh.
 
 use std::sync::Arc;
@@ -83,7 +85,11 @@ impl<P: Projection> Runner<P> {
             pool: schema::connect(&self.database_url, &next_schema, P::TABLES).await?,
             jetstream: self.jetstream.clone(),
             client: self.client.clone(),
-            config: self.config.clone(),
+            // One consumer builds every partition's orders.
+            config: crate::runner::RunnerConfig {
+                partitions: crate::partition::Partitions::single(),
+                ..self.config.clone()
+            },
             upcasters: self.upcasters.clone(),
             database_url: self.database_url.clone(),
             schema: next_schema.clone(),
@@ -123,31 +129,37 @@ impl<P: Projection> Runner<P> {
         self.lock(&mut tx).await.map_err(RebuildError::Swap)?;
         schema::replace(&mut tx, &next_schema, P::NAME).await?;
         let stream = self.stream().await?;
-        let config = self.consumer_config(DeliverPolicy::ByStartSequence {
-            start_sequence: consumed_through + 1,
-        });
-        // A live `run` whose consumer just vanished recreates it (from the stream's start) as soon as
-        // it notices: if it wins the race, delete its consumer and try again.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            self.delete_consumer(&self.consumer_name).await?;
-            match stream.create_consumer(config.clone()).await {
-                Ok(_) => break,
-                Err(error) if attempt < 3 => {
-                    tracing::warn!(
-                        error = %ops::error_chain(&error),
-                        attempt,
-                        consumer = %self.consumer_name,
-                        "recreating the live consumer failed; retrying"
-                    );
-                }
-                Err(source) => {
-                    return Err(RebuildError::RecreateConsumer {
-                        consumer: self.consumer_name.clone(),
-                        start_sequence: consumed_through + 1,
-                        source,
-                    });
+        for partition in 0..self.config.partitions.count() {
+            let name = self.partition_consumer(partition);
+            let config = self.consumer_config(
+                &name,
+                DeliverPolicy::ByStartSequence {
+                    start_sequence: consumed_through + 1,
+                },
+            );
+            // A live `run` whose consumer just vanished recreates it (from the stream's start) as
+            // soon as it notices: if it wins the race, delete its consumer and try again.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                self.delete_consumer(&name).await?;
+                match stream.create_consumer(config.clone()).await {
+                    Ok(_) => break,
+                    Err(error) if attempt < 3 => {
+                        tracing::warn!(
+                            error = %ops::error_chain(&error),
+                            attempt,
+                            consumer = %name,
+                            "recreating the live consumer failed; retrying"
+                        );
+                    }
+                    Err(source) => {
+                        return Err(RebuildError::RecreateConsumer {
+                            consumer: name,
+                            start_sequence: consumed_through + 1,
+                            source,
+                        });
+                    }
                 }
             }
         }
@@ -179,7 +191,10 @@ impl<P: Projection> Runner<P> {
         self.lock(&mut tx).await.map_err(RebuildError::Reset)?;
         // The consumer goes first: if the wipe then fails, the state is replayed onto itself (the
         // checkpoints absorb it); the other way round, an empty state would resume mid-stream.
-        self.delete_consumer(&self.consumer_name).await?;
+        for partition in 0..self.config.partitions.count() {
+            self.delete_consumer(&self.partition_consumer(partition))
+                .await?;
+        }
         schema::reset(&mut tx, &self.schema, P::TABLES).await?;
         tx.commit().await.map_err(RebuildError::Reset)?;
         Ok(())

@@ -18,6 +18,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::apply::{ApplyError, OnPoison, decide_and_apply};
 use crate::decode::RawMessage;
+use crate::partition::Partitions;
 use crate::plan::Verdict;
 use crate::projection::Projection;
 use crate::schema::{self, SchemaError};
@@ -57,6 +58,9 @@ pub struct RunnerConfig {
     /// The newest payload version to accept per event type (`--max-version`): newer ones are parked
     /// as an older binary would park them, to rehearse a rollout. Empty: every version this code knows.
     pub max_versions: Vec<(String, i32)>,
+    /// How many partitions the orders are split into and which this instance applies
+    /// (`--partitions`, `--partition`); one partition by default, today's single consumer.
+    pub partitions: Partitions,
 }
 
 impl Default for RunnerConfig {
@@ -70,6 +74,7 @@ impl Default for RunnerConfig {
             linger: Duration::from_millis(2),
             fail_point: FailPoint::None,
             max_versions: Vec::new(),
+            partitions: Partitions::single(),
         }
     }
 }
@@ -102,6 +107,14 @@ pub struct Tally {
     pub held: u64,
     /// Poison parked.
     pub parked: u64,
+    /// Other partitions' messages, acked without being applied (not among `messages`; only with
+    /// several partitions, and only then in the JSON).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub skipped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Tally {
@@ -123,6 +136,7 @@ impl Tally {
         self.duplicates += other.duplicates;
         self.held += other.held;
         self.parked += other.parked;
+        self.skipped += other.skipped;
     }
 }
 
@@ -192,8 +206,8 @@ impl<P: Projection> Runner<P> {
         &self.config
     }
 
-    /// Takes this state's turn: batches of every instance (and redrive, release, the swap of a
-    /// rebuild) of one projection state take turns.
+    /// Takes this state's whole turn: operators' actions (redrive, release, discard) and the swap of
+    /// a rebuild wait for every batch of every partition, and batches wait for them.
     pub(crate) async fn lock(&self, tx: &mut PgConnection) -> sqlx::Result<()> {
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('waybill.projection.' || $1))")
             .bind(&self.schema)
@@ -202,11 +216,76 @@ impl<P: Projection> Runner<P> {
         Ok(())
     }
 
+    /// Takes a partition's turn: the projection's lock shared (so the batches of different
+    /// partitions run side by side, and [`Runner::lock`] still waits for all of them), then the
+    /// partition's own lock, so two instances that both consume one partition (a handover) take
+    /// turns as before. Orders are disjoint between partitions; the rows they share (stock per SKU,
+    /// balances per customer) are written in key order, and a deadlock is retried anyway.
+    pub(crate) async fn lock_partition(
+        &self,
+        tx: &mut PgConnection,
+        partition: u32,
+    ) -> sqlx::Result<()> {
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock_shared(hashtext('waybill.projection.' || $1)),
+                    pg_advisory_xact_lock(hashtext('waybill.projection.' || $1 || '.partition.' || $2))",
+        )
+        .bind(&self.schema)
+        .bind(self.config.partitions.label(partition))
+        .execute(&mut *tx)
+        .await?;
+        Ok(())
+    }
+
     /// Decides and applies a batch in one transaction; returns one verdict per message. Nothing is
     /// acked here: the caller acks after this returns, so a crash in between only redelivers.
     pub async fn apply_batch(&self, messages: &[RawMessage]) -> Result<Vec<Verdict>, ApplyError> {
         let mut tx = self.pool.begin().await.map_err(ApplyError::Begin)?;
         self.lock(&mut tx).await.map_err(ApplyError::Lock)?;
+        self.decide_and_commit(tx, messages).await
+    }
+
+    /// [`Runner::apply_batch`] for one partition's messages, beside the other partitions' batches. A
+    /// batch that deadlocks with another partition's (or fails serialization) rolled back entirely,
+    /// so it is simply run again: nothing was applied, nothing is applied twice.
+    pub(crate) async fn apply_partition_batch(
+        &self,
+        partition: u32,
+        messages: &[RawMessage],
+    ) -> Result<Vec<Verdict>, ApplyError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let outcome = async {
+                let mut tx = self.pool.begin().await.map_err(ApplyError::Begin)?;
+                self.lock_partition(&mut tx, partition)
+                    .await
+                    .map_err(ApplyError::Lock)?;
+                self.decide_and_commit(tx, messages).await
+            }
+            .await;
+            match outcome {
+                Err(error) if attempt < CONFLICT_RETRIES && is_conflict(&error) => {
+                    crate::metrics::record_conflict(P::NAME);
+                    tracing::info!(
+                        projection = P::NAME,
+                        partition = %self.config.partitions.label(partition),
+                        attempt,
+                        error = %ops::error_chain(&error),
+                        "batch conflicted with another partition's; running it again"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10 * u64::from(attempt))).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn decide_and_commit(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        messages: &[RawMessage],
+    ) -> Result<Vec<Verdict>, ApplyError> {
         let decisions = decide_and_apply(
             &mut tx,
             &*self.projection,
@@ -219,4 +298,26 @@ impl<P: Projection> Runner<P> {
         tx.commit().await.map_err(ApplyError::Commit)?;
         Ok(decisions.into_iter().map(|(verdict, _)| verdict).collect())
     }
+}
+
+/// How many times a batch that deadlocked or failed serialization is run before it counts as failed
+/// (and is then applied message by message, as any failing batch).
+const CONFLICT_RETRIES: u32 = 5;
+
+/// True for a deadlock (40P01), a serialization failure (40001) or checkpoints moved under the batch:
+/// the transaction was rolled back because of another one, not because of what it holds.
+pub(crate) fn is_conflict(error: &ApplyError) -> bool {
+    if matches!(error, ApplyError::CheckpointsMoved { .. }) {
+        return true;
+    }
+    let mut causes =
+        std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |cause| {
+            cause.source()
+        });
+    causes.any(|cause| {
+        matches!(
+            cause.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("40P01" | "40001"))
+        )
+    })
 }

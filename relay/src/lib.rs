@@ -23,4 +23,4 @@ pub use config::PublishFaults;
 pub use config::{RelayConfig, StreamSettings};
 pub use run::{ConnectError, Relay, RunSummary};
 pub use step::{FailPoint, StepError, StepReport};
-pub use stream::{ProvisionError, ensure_stream};
+pub use stream::{ProvisionError, ensure_stream, ensure_stream_with_replicas};

@@ -45,6 +45,34 @@ struct Connection {
     /// fence (Nats-Expected-Last-Subject-Sequence) still keeps each event once and in order.
     #[arg(long, value_name = "DURATION", default_value_t = StreamSettings::default().duplicate_window.into(), global = true)]
     duplicate_window: humantime::Duration,
+
+    /// Replicas of the stream on a NATS cluster (3 keeps it available while one node is down):
+    /// `provision` and `run` create it with N and refuse an existing one with another count (unless
+    /// --update, which changes it). Without it a new stream gets 1 and an existing one keeps its own.
+    #[arg(long, env = "WAYBILL_STREAM_REPLICAS", value_name = "N", value_parser = clap::value_parser!(u8).range(1..=5), global = true)]
+    replicas: Option<u8>,
+}
+
+/// With `--replicas`: creates or checks the stream with that many replicas before anything else uses
+/// it (the relay's own check then finds it in shape, whatever its replica count).
+async fn provision_replicas(
+    connection: &Connection,
+    stream: &StreamSettings,
+    update: bool,
+) -> anyhow::Result<Option<async_nats::jetstream::stream::Info>> {
+    let Some(replicas) = connection.replicas else {
+        return Ok(None);
+    };
+    let client = connection
+        .shared
+        .nats
+        .connect("waybill-relay-provision")
+        .await?;
+    let jetstream = async_nats::jetstream::new(client);
+    let info =
+        relay::ensure_stream_with_replicas(&jetstream, stream, Some(usize::from(replicas)), update)
+            .await?;
+    Ok(Some(info))
 }
 
 /// The library's defaults, which the flags' defaults are taken from (so `--help` cannot drift from them).
@@ -184,8 +212,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         duplicate_window: cli.connection.duplicate_window.into(),
     };
     match cli.command {
-        Command::Run(args) => relay_run(&cli.connection, stream, args, cli.json).await,
+        Command::Run(args) => {
+            provision_replicas(&cli.connection, &stream, false).await?;
+            relay_run(&cli.connection, stream, args, cli.json).await
+        }
         Command::Provision { update } => {
+            let replicated = provision_replicas(&cli.connection, &stream, update).await?;
             let relay = Relay::connect(
                 &cli.connection.shared.database.url,
                 cli.connection.shared.nats.clone(),
@@ -195,18 +227,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 },
             )
             .await?;
-            let info = relay.provision(update).await?;
+            let info = match replicated {
+                Some(info) => info,
+                None => relay.provision(update).await?,
+            };
             if cli.json {
                 println!(
                     "{}",
-                    serde_json::json!({"stream": info.config.name, "subjects": info.config.subjects, "duplicate_window_s": info.config.duplicate_window.as_secs_f64(), "messages": info.state.messages})
+                    serde_json::json!({"stream": info.config.name, "subjects": info.config.subjects, "duplicate_window_s": info.config.duplicate_window.as_secs_f64(), "replicas": info.config.num_replicas.max(1), "messages": info.state.messages})
                 );
             } else {
                 println!(
-                    "stream {} ready: subjects {:?}, duplicate window {}, {} messages",
+                    "stream {} ready: subjects {:?}, duplicate window {}, {} replica(s), {} messages",
                     info.config.name,
                     info.config.subjects,
                     humantime::format_duration(info.config.duplicate_window),
+                    info.config.num_replicas.max(1),
                     info.state.messages
                 );
             }

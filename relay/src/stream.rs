@@ -116,19 +116,50 @@ pub fn differences(actual: &stream::Config, wanted: &stream::Config) -> Vec<Stri
     if actual.sealed {
         found.push("the stream is sealed, needs to accept writes".to_owned());
     }
+    // `wanted_config` asks for one replica; callers that do not name a count copy the stream's own
+    // before comparing, so only an explicit `--replicas` can differ here.
+    if actual.num_replicas.max(1) != wanted.num_replicas.max(1) {
+        found.push(format!(
+            "num_replicas is {}, needs {}",
+            actual.num_replicas.max(1),
+            wanted.num_replicas.max(1)
+        ));
+    }
     found
 }
 
-/// Creates the stream when it is missing; otherwise verifies it (and with `update`, changes it).
+/// Creates the stream when it is missing; otherwise verifies it (and with `update`, changes it). An
+/// existing stream keeps its replica count (see [`ensure_stream_with_replicas`]).
 pub async fn ensure_stream(
     jetstream: &jetstream::Context,
     settings: &StreamSettings,
     update: bool,
 ) -> Result<stream::Info, ProvisionError> {
-    let wanted = wanted_config(settings);
+    ensure_stream_with_replicas(jetstream, settings, None, update).await
+}
+
+/// [`ensure_stream`] with a replica count (`--replicas`, `WAYBILL_STREAM_REPLICAS`): `Some(n)` creates
+/// the stream with `n` replicas (3 on a three-node cluster keeps it writable while one node is down)
+/// and requires an existing one to have `n` (or, with `update`, changes it to `n`); `None` creates one
+/// replica and accepts whatever an existing stream has, so relays that are not told keep working
+/// against a stream provisioned replicated.
+pub async fn ensure_stream_with_replicas(
+    jetstream: &jetstream::Context,
+    settings: &StreamSettings,
+    replicas: Option<usize>,
+    update: bool,
+) -> Result<stream::Info, ProvisionError> {
+    let mut wanted = wanted_config(settings);
+    if let Some(replicas) = replicas {
+        wanted.num_replicas = replicas;
+    }
     match jetstream.get_stream(&settings.name).await {
         Ok(mut existing) => {
             let info = existing.info().await.map_err(request_failed)?.clone();
+            if replicas.is_none() {
+                // Not asked: an update must not scale a replicated stream down.
+                wanted.num_replicas = info.config.num_replicas;
+            }
             let differences = differences(&info.config, &wanted);
             if differences.is_empty() {
                 return Ok(info);

@@ -17,12 +17,14 @@ use uuid::Uuid;
 
 pub mod local_nats;
 pub mod local_postgres;
+pub mod nats_cluster;
 pub mod secure_nats;
 pub mod stats;
 mod stream;
 
 pub use local_nats::{NatsServer, find_binary, free_port, free_ports};
 pub use local_postgres::{PostgresServer, reachable};
+pub use nats_cluster::NatsCluster;
 pub use stream::{StoredEvent, StreamCheck, check_stream, stream_events, versions_by_aggregate};
 
 /// A finished command as a test reads it: its exit code (-1 when a signal ended it) and its output

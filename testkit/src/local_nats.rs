@@ -49,6 +49,31 @@ impl NatsServer {
         Ok(server)
     }
 
+    /// A server on `port` with `extra_args`, not yet started ([`NatsServer::resume`] starts it): the
+    /// nodes of a cluster must know each other's ports before the first one starts.
+    pub(crate) fn prepared(port: u16, extra_args: Vec<String>) -> anyhow::Result<Self> {
+        let binary = find_binary("nats-server").context(
+            "nats-server is not installed; install the Debian package `nats-server` (or put the binary on PATH)",
+        )?;
+        let dir = tempfile::Builder::new()
+            .prefix("waybill-nats-")
+            .tempdir()
+            .context("creating the nats-server's directory")?;
+        Ok(Self {
+            binary,
+            port,
+            dir,
+            extra_args,
+            config: None,
+            child: None,
+        })
+    }
+
+    /// The log file of the current incarnation (a restart starts a new one).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("nats-server.log")
+    }
+
     /// Starts a server that also reads `config` (nats-server configuration syntax, e.g.
     /// `max_payload: 8192`).
     pub fn start_with_config(config: &str) -> anyhow::Result<Self> {

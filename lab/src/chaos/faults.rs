@@ -35,6 +35,9 @@ pub enum FaultKind {
     /// Garbage, disagreeing ids, events whose predecessors never come and replays of real events,
     /// published straight into the stream.
     HostilePublish,
+    /// With `--cluster`: SIGKILL one node of the three-node NATS cluster under load, start it again
+    /// after a few seconds (the stream has three replicas, so it stays writable meanwhile).
+    NatsNodeKill,
 }
 
 impl FaultKind {
@@ -50,6 +53,33 @@ impl FaultKind {
     ];
 
     /// Its name on the command line and in the report.
+    /// Every kind there is: [`FaultKind::ALL`] and the ones that need `--cluster`.
+    pub const KNOWN: [Self; 8] = [
+        Self::RelayKill,
+        Self::RelayPause,
+        Self::ProjectionKill,
+        Self::NatsRestart,
+        Self::PostgresRestart,
+        Self::PgTerminate,
+        Self::HostilePublish,
+        Self::NatsNodeKill,
+    ];
+
+    /// The kinds a run strikes by default: all of [`FaultKind::ALL`], and with a NATS cluster also
+    /// [`FaultKind::NatsNodeKill`].
+    pub fn defaults(cluster: bool) -> Vec<Self> {
+        let mut kinds = Self::ALL.to_vec();
+        if cluster {
+            kinds.push(Self::NatsNodeKill);
+        }
+        kinds
+    }
+
+    /// True for kinds that need `--cluster`.
+    pub fn needs_cluster(self) -> bool {
+        self == Self::NatsNodeKill
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::RelayKill => "relay_kill",
@@ -59,18 +89,19 @@ impl FaultKind {
             Self::PostgresRestart => "postgres_restart",
             Self::PgTerminate => "pg_terminate",
             Self::HostilePublish => "hostile_publish",
+            Self::NatsNodeKill => "nats_node_kill",
         }
     }
 
     /// Parses a name.
     pub fn parse(text: &str) -> Result<Self, String> {
-        Self::ALL
+        Self::KNOWN
             .into_iter()
             .find(|k| k.name() == text.trim())
             .ok_or_else(|| {
                 format!(
                     "unknown fault kind {text:?}; the kinds are {}",
-                    Self::ALL.map(Self::name).join(", ")
+                    Self::KNOWN.map(Self::name).join(", ")
                 )
             })
     }
@@ -85,6 +116,9 @@ const RELAY_FROZEN: Duration = Duration::from_millis(
 /// How long a killed process or server stays down before it is started again.
 const PROCESS_DOWN: Duration = Duration::from_secs(1);
 const NATS_DOWN: Duration = Duration::from_secs(3);
+/// How long a killed node of the NATS cluster stays down: long enough for the stream's and the
+/// consumers' leaders on it to move to the other nodes.
+const NATS_NODE_DOWN: Duration = Duration::from_secs(5);
 const POSTGRES_DOWN: Duration = Duration::from_secs(2);
 /// Faults leave the first part of the run alone (the backlog's normal level is measured there) and
 /// the last seconds (so the last fault is over before the load stops).
@@ -246,7 +280,9 @@ async fn strike(
         }
         FaultKind::ProjectionKill => {
             let projection = pick(fleet.names(Role::Projection).await, rng)?;
-            let writing = mid_batch(&context.pool, &projection).await;
+            // A partition instance (`inventory-p1`) connects as its projection (`waybill-inventory`).
+            let base = projection.split('-').next().unwrap_or(&projection);
+            let writing = mid_batch(&context.pool, base).await;
             fleet.kill_and_restart(&projection, PROCESS_DOWN).await?;
             let moment = if writing {
                 "while its batch transaction was open"
@@ -261,6 +297,17 @@ async fn strike(
             context.servers.restart_nats(NATS_DOWN).await?;
             Ok(format!(
                 "SIGKILL nats-server, restarted after {NATS_DOWN:?}"
+            ))
+        }
+        FaultKind::NatsNodeKill => {
+            let index = rng.random_range(0..context.servers.nats_nodes.max(1));
+            let node = context
+                .servers
+                .kill_nats_node(index, NATS_NODE_DOWN)
+                .await?;
+            Ok(format!(
+                "SIGKILL NATS node {node} of {}, restarted after {NATS_NODE_DOWN:?}",
+                context.servers.nats_nodes
             ))
         }
         FaultKind::PostgresRestart => {
@@ -379,5 +426,11 @@ mod tests {
         }
         let refused = FaultKind::parse("disk_fill").expect_err("unknown");
         assert!(refused.contains("relay_kill"), "{refused}");
+        assert_eq!(
+            FaultKind::parse("nats_node_kill"),
+            Ok(FaultKind::NatsNodeKill)
+        );
+        assert!(!FaultKind::ALL.contains(&FaultKind::NatsNodeKill));
+        assert!(FaultKind::defaults(true).contains(&FaultKind::NatsNodeKill));
     }
 }

@@ -1,23 +1,28 @@
-//! The system under test, as real processes: private PostgreSQL and NATS that may be crashed and
-//! restarted, the order service, two relays and the three projections, each a child process the
-//! harness can kill, freeze, thaw and restart — and restarts by itself when one exits on its own, as a
-//! supervisor would.
+//! The system under test, as real processes: private PostgreSQL and NATS (one server, or with
+//! `--cluster` a three-node cluster holding the stream in three replicas) that may be crashed and
+//! restarted, the order service, two relays and the three projections (with `--cluster`, each in two
+//! partition instances), each a child process the harness can kill, freeze, thaw and restart — and
+//! restarts by itself when one exits on its own, as a supervisor would.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as BlockingMutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use rustix::process::{Pid, Signal, kill_process};
 use serde::Serialize;
-use testkit::{NatsServer, PostgresServer};
+use testkit::{NatsCluster, NatsServer, PostgresServer};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
-/// The projections, by binary suffix; each consumes through the durable consumer of the same name.
+/// The projections, by binary suffix; each consumes through the durable consumer of the same name
+/// (with partitions, `<name>-p<K>of<P>`).
 pub const PROJECTIONS: [&str; 3] = ["inventory", "points", "search"];
+/// Nodes of the `--cluster` NATS cluster; the stream has as many replicas.
+pub const CLUSTER_NODES: usize = 3;
+/// Partitions of each projection with `--cluster`, one instance per partition.
+pub const CLUSTER_PARTITIONS: u32 = 2;
 /// The relays' claim timeout, shortened (from 30 s) so that a frozen relay outlives it within seconds.
 pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(4);
 /// JetStream's dedupe window, shortened (from 2 min) for the same reason: a zombie relay that wakes up
@@ -54,33 +59,68 @@ impl Binaries {
     }
 }
 
+/// The private NATS: one server, or a cluster.
+#[derive(Debug)]
+enum Nats {
+    Single(NatsServer),
+    Cluster(NatsCluster),
+}
+
+impl Nats {
+    fn pids(&self) -> Vec<u32> {
+        match self {
+            Self::Single(server) => server.pid().into_iter().collect(),
+            Self::Cluster(cluster) => cluster_pids(cluster),
+        }
+    }
+}
+
+fn cluster_pids(cluster: &NatsCluster) -> Vec<u32> {
+    (0..cluster.size())
+        .filter_map(|i| cluster.node(i).pid())
+        .collect()
+}
+
 /// The private servers; clones share them (the last one dropped stops and deletes them).
 #[derive(Debug, Clone)]
 pub struct Servers {
     /// The event store's database (the projections keep their schemas in it too).
     pub database_url: String,
-    /// Where the private nats-server listens (nats://127.0.0.1:port).
+    /// Where the private NATS listens: nats://127.0.0.1:port, or every node's URL comma-separated.
     pub nats_url: String,
     postgres: Arc<BlockingMutex<PostgresServer>>,
-    nats: Arc<BlockingMutex<NatsServer>>,
-    /// nats-server's pid (0 while down), readable without waiting for a restart in progress.
-    nats_pid: Arc<AtomicU32>,
+    nats: Arc<BlockingMutex<Nats>>,
+    /// The nats-server pids (fewer while one is down), readable without waiting for a restart in
+    /// progress.
+    nats_pids: Arc<BlockingMutex<Vec<u32>>>,
+    /// Nodes of the NATS cluster (1: a single server).
+    pub nats_nodes: usize,
 }
 
 impl Servers {
     /// Starts a durable PostgreSQL (no acknowledged commit is lost to an immediate-mode stop) and a
-    /// NATS server with JetStream, each on a free port with its own directory.
-    pub async fn start(database: &str) -> anyhow::Result<Self> {
-        let (postgres, nats) = tokio::task::spawn_blocking(|| {
+    /// NATS server with JetStream — with `cluster`, a three-node cluster — each on free ports with its
+    /// own directory.
+    pub async fn start(database: &str, cluster: bool) -> anyhow::Result<Self> {
+        let (postgres, nats) = tokio::task::spawn_blocking(move || {
             let postgres = PostgresServer::start_with(true)?;
-            let nats = NatsServer::start()?;
+            let nats = if cluster {
+                Nats::Cluster(NatsCluster::start(CLUSTER_NODES)?)
+            } else {
+                Nats::Single(NatsServer::start()?)
+            };
             anyhow::Ok((postgres, nats))
         })
         .await??;
+        let (nats_url, nats_nodes) = match &nats {
+            Nats::Single(server) => (server.url(), 1),
+            Nats::Cluster(cluster) => (cluster.urls(), cluster.size()),
+        };
         Ok(Self {
             database_url: postgres.url(database),
-            nats_url: nats.url(),
-            nats_pid: Arc::new(AtomicU32::new(nats.pid().unwrap_or(0))),
+            nats_url,
+            nats_nodes,
+            nats_pids: Arc::new(BlockingMutex::new(nats.pids())),
             postgres: Arc::new(BlockingMutex::new(postgres)),
             nats: Arc::new(BlockingMutex::new(nats)),
         })
@@ -115,24 +155,62 @@ impl Servers {
         .await?
     }
 
-    /// Kills nats-server (SIGKILL), waits `down`, and starts it again on the same store.
+    /// Kills nats-server (SIGKILL) — every node of a cluster at once — waits `down`, and starts it
+    /// again on the same store.
     pub async fn restart_nats(&self, down: Duration) -> anyhow::Result<()> {
-        let (server, pid) = (self.nats.clone(), self.nats_pid.clone());
+        let (nats, pids) = (self.nats.clone(), self.nats_pids.clone());
         tokio::task::spawn_blocking(move || {
-            let mut server = server.lock().unwrap_or_else(|e| e.into_inner());
-            server.stop();
-            pid.store(0, Ordering::Relaxed);
+            let mut nats = nats.lock().unwrap_or_else(|e| e.into_inner());
+            let set_pids = |nats: &Nats| {
+                *pids.lock().unwrap_or_else(|e| e.into_inner()) = nats.pids();
+            };
+            match &mut *nats {
+                Nats::Single(server) => server.stop(),
+                Nats::Cluster(cluster) => (0..cluster.size()).for_each(|i| cluster.kill(i)),
+            }
+            set_pids(&nats);
             std::thread::sleep(down);
-            let resumed = server.resume();
-            pid.store(server.pid().unwrap_or(0), Ordering::Relaxed);
+            let resumed = match &mut *nats {
+                Nats::Single(server) => server.resume(),
+                Nats::Cluster(cluster) => cluster.restart_all(),
+            };
+            set_pids(&nats);
             resumed
         })
         .await?
     }
 
-    /// The nats-server process id, when it runs.
-    pub fn nats_pid(&self) -> Option<u32> {
-        Some(self.nats_pid.load(Ordering::Relaxed)).filter(|pid| *pid != 0)
+    /// With a cluster: SIGKILLs node `index` (modulo the node count), waits `down`, starts it again
+    /// on its store and waits until it has rejoined; returns the node's name.
+    pub async fn kill_nats_node(&self, index: usize, down: Duration) -> anyhow::Result<String> {
+        let (nats, pids) = (self.nats.clone(), self.nats_pids.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut nats = nats.lock().unwrap_or_else(|e| e.into_inner());
+            let Nats::Cluster(cluster) = &mut *nats else {
+                anyhow::bail!("nats_node_kill needs --cluster");
+            };
+            let index = index % cluster.size();
+            let name = format!(
+                "{} (port {})",
+                cluster.name(index),
+                cluster.node(index).port()
+            );
+            cluster.kill(index);
+            *pids.lock().unwrap_or_else(|e| e.into_inner()) = cluster_pids(cluster);
+            std::thread::sleep(down);
+            let restarted = cluster.restart(index);
+            *pids.lock().unwrap_or_else(|e| e.into_inner()) = cluster_pids(cluster);
+            restarted.map(|()| name)
+        })
+        .await?
+    }
+
+    /// The nats-server process ids, of those that run.
+    pub fn nats_pids(&self) -> Vec<u32> {
+        self.nats_pids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -185,6 +263,8 @@ pub struct Fleet {
     api_url: String,
     logs: PathBuf,
     env: Vec<(String, String)>,
+    /// Partitions of each projection (1: one instance, the consumer named after it).
+    partitions: u32,
 }
 
 impl Fleet {
@@ -198,6 +278,8 @@ impl Fleet {
         subject_prefix: &str,
         broken_checkpoint: bool,
     ) -> anyhow::Result<Self> {
+        let cluster = servers.nats_nodes > 1;
+        let partitions = if cluster { CLUSTER_PARTITIONS } else { 1 };
         // Kept after the run: the report points at it.
         let logs = tempfile::Builder::new()
             .prefix("waybill-chaos-logs-")
@@ -228,11 +310,17 @@ impl Fleet {
         run_once(&binaries.waybill, &["migrate"], "migrate", &env, &logs).await?;
         // The stream, once, before two relays start: each then only verifies it.
         let window = humantime::format_duration(DEDUPE_WINDOW).to_string();
-        let provision = ["provision", "--duplicate-window", &window];
+        let replicas = servers.nats_nodes.to_string();
+        let mut provision = vec!["provision", "--duplicate-window", &window];
+        if cluster {
+            // Three replicas: the stream stays writable while one node is down.
+            provision.extend(["--replicas", &replicas]);
+        }
         run_once(&binaries.relay, &provision, "provision", &env, &logs).await?;
 
         // Every listening port chosen at once, so that no two processes are handed the same one.
-        let mut ports = testkit::free_ports(2 + 2 + PROJECTIONS.len())?.into_iter();
+        let instances = PROJECTIONS.len() * partitions as usize;
+        let mut ports = testkit::free_ports(2 + 2 + instances)?.into_iter();
         let mut next_port = move || ports.next().context("more processes than ports chosen");
         let api_port = next_port()?;
         let mut health = Vec::new();
@@ -297,12 +385,32 @@ impl Fleet {
             projection_args.push("--ignore-checkpoint".to_owned());
         }
         for projection in PROJECTIONS {
-            add(
-                projection,
-                Role::Projection,
-                &binaries.projections.join(format!("waybill-{projection}")),
-                projection_args.clone(),
-            )?;
+            let program = binaries.projections.join(format!("waybill-{projection}"));
+            if partitions == 1 {
+                add(
+                    projection,
+                    Role::Projection,
+                    &program,
+                    projection_args.clone(),
+                )?;
+                continue;
+            }
+            // One instance per partition, as a scaled-out deployment runs them.
+            for partition in 0..partitions {
+                let mut args = projection_args.clone();
+                args.extend([
+                    "--partitions".to_owned(),
+                    partitions.to_string(),
+                    "--partition".to_owned(),
+                    partition.to_string(),
+                ]);
+                add(
+                    &format!("{projection}-p{partition}"),
+                    Role::Projection,
+                    &program,
+                    args,
+                )?;
+            }
         }
         let fleet = Self {
             binaries,
@@ -310,6 +418,7 @@ impl Fleet {
             api_url: format!("http://127.0.0.1:{api_port}"),
             logs,
             env,
+            partitions,
         };
         {
             let mut processes = fleet.processes.lock().await;
@@ -346,6 +455,25 @@ impl Fleet {
         );
         serde_json::from_slice(&output.stdout)
             .with_context(|| format!("waybill-{projection} {} printed no JSON", args.join(" ")))
+    }
+
+    /// Partitions of each projection (1 without `--cluster`).
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// Every projection's durable consumers, by projection: the one named after it, or one per
+    /// partition (`<name>-p<K>of<P>`).
+    pub fn consumers(&self) -> Vec<(&'static str, String)> {
+        let layout = projections::Partitions::new(self.partitions, &[])
+            .unwrap_or_else(|_| projections::Partitions::single());
+        PROJECTIONS
+            .iter()
+            .flat_map(|&projection| {
+                let layout = layout.clone();
+                (0..layout.count()).map(move |k| (projection, layout.consumer_name(projection, k)))
+            })
+            .collect()
     }
 
     /// The order service's base URL.

@@ -66,6 +66,12 @@ pub struct ChaosArgs {
     #[arg(long, value_name = "DIR")]
     pub projection_binaries: Option<PathBuf>,
 
+    /// Run on a three-node NATS cluster with the stream in three replicas, each projection in two
+    /// partition instances (--partitions 2, one partition each), and add the nats_node_kill fault
+    /// (SIGKILL one node under load, restart it after a few seconds) to the schedule.
+    #[arg(long)]
+    pub cluster: bool,
+
     /// Testing the harness: run the projections with their checkpoint check broken on purpose
     /// (they apply redeliveries again); the verdict must fail.
     #[arg(long, hide = true)]
@@ -119,10 +125,13 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
             .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
     });
     let kinds = if args.faults.is_empty() {
-        FaultKind::ALL.to_vec()
+        FaultKind::defaults(args.cluster)
     } else {
         args.faults.clone()
     };
+    if let Some(kind) = kinds.iter().find(|k| k.needs_cluster() && !args.cluster) {
+        return Err(ops::Refused::new(format!("the {} fault needs --cluster", kind.name())).into());
+    }
     let rate = args.rate.unwrap_or(args.profile.rate());
     anyhow::ensure!(
         rate > 0.0 && rate <= 1000.0,
@@ -147,10 +156,10 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
             .join(", ")
     );
     let started = Instant::now();
-    let servers = fleet::Servers::start(DATABASE).await?;
+    let servers = fleet::Servers::start(DATABASE, args.cluster).await?;
     eprintln!(
-        "chaos: PostgreSQL {} and NATS {} started",
-        servers.database_url, servers.nats_url
+        "chaos: PostgreSQL {} and NATS {} ({} node(s)) started",
+        servers.database_url, servers.nats_url, servers.nats_nodes
     );
     let fleet = Arc::new(
         fleet::Fleet::start(
@@ -220,7 +229,8 @@ async fn exercise(
     let nats = async_nats::ConnectOptions::new()
         .name("waybill-chaos")
         .retry_on_initial_connect()
-        .connect(&servers.nats_url)
+        // One URL, or every node of the cluster.
+        .connect(servers.nats_url.split(',').collect::<Vec<_>>())
         .await
         .context("connecting to the private NATS")?;
     let jetstream = async_nats::jetstream::new(nats);
@@ -280,6 +290,8 @@ async fn exercise(
         stopped: &stopped,
         database_url: &servers.database_url,
         nats_url: &servers.nats_url,
+        nats_nodes: servers.nats_nodes,
+        partitions: fleet.partitions(),
         stream: STREAM,
         logs: fleet.logs(),
     });

@@ -261,6 +261,36 @@ async fn check_stream(
             verdict.violations.push(format!("{count} {what}"));
         }
     }
+    // Examples, so that a failing run can be followed in the relays' logs.
+    let missing: Vec<String> = stored
+        .iter()
+        .filter(|(id, _)| !copies.contains_key(id))
+        .take(3)
+        .map(|(id, e)| format!("{id} (order {} v{})", e.aggregate_id, e.aggregate_version))
+        .collect();
+    let copied: Vec<String> = copies
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .take(3)
+        .map(|(id, n)| format!("{id} x{n}"))
+        .collect();
+    let disordered: Vec<String> = versions
+        .iter()
+        .filter(|(_, v)| v.windows(2).any(|w| w[0] >= w[1]))
+        .take(3)
+        .map(|(id, v)| format!("{id} {v:?}"))
+        .collect();
+    for (examples, what) in [
+        (missing, "missing"),
+        (copied, "copied"),
+        (disordered, "out of order"),
+    ] {
+        if !examples.is_empty() {
+            verdict
+                .violations
+                .push(format!("{what}, e.g.: {}", examples.join("; ")));
+        }
+    }
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use sqlx::PgPool;
 
-use super::fleet::{Fleet, PROJECTIONS, Servers, peak_rss_kib};
+use super::fleet::{Fleet, Servers, peak_rss_kib};
 
 /// Seconds since the run began, shared by the load, the faults and the sampler.
 #[derive(Debug, Clone)]
@@ -77,10 +77,12 @@ impl Watcher {
                     _ = stopped.wait_for(|s| *s) => break,
                 }
                 fleet.supervise().await;
-                if let Some(pid) = servers.nats_pid() {
+                for pid in servers.nats_pids() {
                     samples.nats_peak_rss_kib = samples.nats_peak_rss_kib.max(peak_rss_kib(pid));
                 }
-                let backlog = backlog(&pool, &jetstream).await.map(|b| b.total());
+                let backlog = backlog(&pool, &jetstream, &fleet.consumers())
+                    .await
+                    .map(|b| b.total());
                 // Stamped when the reading is complete: a slow query must not date it early.
                 let at = clock.seconds();
                 samples.backlog.push(Sample { at, backlog });
@@ -102,8 +104,9 @@ impl Watcher {
 pub struct Backlog {
     /// Outbox rows pending or failed (dead rows are not work in progress; the verdict counts them).
     pub unsent: u64,
-    /// Per projection, messages undelivered plus delivered but unacknowledged.
-    pub lags: Vec<(&'static str, u64)>,
+    /// Per projection consumer (one per partition), messages undelivered plus delivered but
+    /// unacknowledged.
+    pub lags: Vec<(String, u64)>,
 }
 
 impl Backlog {
@@ -116,17 +119,22 @@ impl Backlog {
     }
 }
 
-/// Reads the backlog, giving up after two seconds (a server may be down).
-pub async fn backlog(pool: &PgPool, jetstream: &jetstream::Context) -> Option<Backlog> {
+/// Reads the backlog of the outbox and of `consumers` (by projection), giving up after two seconds
+/// (a server may be down).
+pub async fn backlog(
+    pool: &PgPool,
+    jetstream: &jetstream::Context,
+    consumers: &[(&'static str, String)],
+) -> Option<Backlog> {
     let read = async {
         let unsent = relay::admin::counts(pool, false).await.ok()?.in_progress();
         let stream = jetstream.get_stream(super::STREAM).await.ok()?;
         let mut lags = Vec::new();
-        for name in PROJECTIONS {
+        for (_, name) in consumers {
             let mut consumer: jetstream::consumer::PullConsumer =
                 stream.get_consumer(name).await.ok()?;
             let info = consumer.info().await.ok()?;
-            lags.push((name, info.num_pending + info.num_ack_pending as u64));
+            lags.push((name.clone(), info.num_pending + info.num_ack_pending as u64));
         }
         Some(Backlog {
             unsent: unsent as u64,
@@ -163,7 +171,7 @@ pub async fn drain(
     let mut last = None;
     while started.elapsed() < timeout {
         fleet.supervise().await;
-        let reading = backlog(pool, jetstream).await;
+        let reading = backlog(pool, jetstream, &fleet.consumers()).await;
         if reading.as_ref().is_some_and(Backlog::is_empty) {
             quiet += 1;
             if quiet >= 3 {
