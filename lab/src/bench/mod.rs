@@ -207,6 +207,23 @@ pub async fn run(database_url: &str, args: BenchArgs) -> anyhow::Result<bool> {
     Ok(!args.check || targets.iter().all(|t| t.met))
 }
 
+/// Connects to NATS and makes an empty stream `name` over `prefix.>` (deleted first, when it exists).
+async fn fresh_stream(
+    nats_url: &str,
+    name: &str,
+    prefix: &str,
+) -> anyhow::Result<async_nats::jetstream::Context> {
+    let js = async_nats::jetstream::new(async_nats::connect(nats_url).await?);
+    let _ = js.delete_stream(name).await;
+    let settings = ::relay::StreamSettings {
+        name: name.into(),
+        subject_prefix: prefix.into(),
+        ..::relay::StreamSettings::default()
+    };
+    ::relay::ensure_stream(&js, &settings, false).await?;
+    Ok(js)
+}
+
 /// Progress lines on standard error, stamped with the time since the start.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {

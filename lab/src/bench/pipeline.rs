@@ -12,8 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use async_nats::jetstream;
-use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -86,14 +84,7 @@ pub async fn measure(
         log_filter: "warn,sqlx=error,async_nats=error",
     };
     let pool = crate::demo::fresh_database(services, DATABASE, &wiring.database_url).await?;
-    let js = jetstream::new(async_nats::connect(&wiring.nats_url).await?);
-    let _ = js.delete_stream(STREAM).await;
-    let settings = relay::StreamSettings {
-        name: STREAM.into(),
-        subject_prefix: PREFIX.into(),
-        ..relay::StreamSettings::default()
-    };
-    relay::ensure_stream(&js, &settings, false).await?;
+    let js = super::fresh_stream(&wiring.nats_url, STREAM, PREFIX).await?;
     let mut fleet = Fleet::start(true, wiring).await?;
     fleet.start_relay().await?;
     let mut watched: Vec<(String, Watched)> = fleet
@@ -195,7 +186,9 @@ impl Load {
     /// Offers `rate` commands per second for `duration` (each places an order: one event), then
     /// measures.
     async fn step(&self, rate: u64, duration: Duration) -> anyhow::Result<LoadStep> {
-        let started_at: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        // The step's events are those after the log's current end (found through the primary key, not a
+        // scan of every earlier step's events).
+        let started_at: i64 = sqlx::query_scalar("SELECT coalesce(max(position), 0) FROM events")
             .fetch_one(&self.pool)
             .await?;
         let accepted = Arc::new(AtomicU64::new(0));
@@ -255,7 +248,7 @@ impl Load {
                 drained = false;
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let drain_seconds = load_ended.elapsed().as_secs_f64();
         let latency = self.latency(started_at).await?;
@@ -283,11 +276,11 @@ impl Load {
         })
     }
 
-    /// Events recorded since `since` that some projection has not applied yet.
-    async fn backlog(&self, since: DateTime<Utc>) -> anyhow::Result<i64> {
+    /// Events after position `since` that some projection has not applied yet.
+    async fn backlog(&self, since: i64) -> anyhow::Result<i64> {
         Ok(sqlx::query_scalar(
             "SELECT count(*) FROM events e
-             WHERE e.recorded_at >= $1
+             WHERE e.position > $1
                AND NOT (EXISTS (SELECT 1 FROM inventory.checkpoints c
                                 WHERE c.aggregate_id = e.aggregate_id AND c.version >= e.aggregate_version)
                     AND EXISTS (SELECT 1 FROM points.checkpoints c
@@ -301,8 +294,8 @@ impl Load {
     }
 
     /// p50, p95, p99 and max (ms) from commit to the last projection's checkpoint, and the count, over
-    /// the events recorded since `since` (every one of them is a version 1: its checkpoint is its own).
-    async fn latency(&self, since: DateTime<Utc>) -> anyhow::Result<(f64, f64, f64, f64, i64)> {
+    /// the events after position `since` (every one of them is a version 1: its checkpoint is its own).
+    async fn latency(&self, since: i64) -> anyhow::Result<(f64, f64, f64, f64, i64)> {
         let row: (Option<Vec<f64>>, Option<f64>, i64) = sqlx::query_as(
             "WITH applied AS (
                 SELECT (extract(epoch FROM greatest(i.updated_at, p.updated_at, s.updated_at) - e.recorded_at)
@@ -311,7 +304,7 @@ impl Load {
                 JOIN inventory.checkpoints i ON i.aggregate_id = e.aggregate_id
                 JOIN points.checkpoints p ON p.aggregate_id = e.aggregate_id
                 JOIN search.checkpoints s ON s.aggregate_id = e.aggregate_id
-                WHERE e.recorded_at >= $1)
+                WHERE e.position > $1)
              SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ms),
                     max(ms)::float8, count(*)
              FROM applied",

@@ -41,14 +41,7 @@ pub async fn measure(
 ) -> anyhow::Result<ProjectionFigures> {
     let url = services.database_url(DATABASE);
     ops::database::ensure_database(&url).await?;
-    let js = jetstream::new(async_nats::connect(&services.nats_url).await?);
-    let _ = js.delete_stream(STREAM).await;
-    let settings = relay::StreamSettings {
-        name: STREAM.into(),
-        subject_prefix: PREFIX.into(),
-        ..relay::StreamSettings::default()
-    };
-    relay::ensure_stream(&js, &settings, true).await?;
+    let js = super::fresh_stream(&services.nats_url, STREAM, PREFIX).await?;
     let events = profile.projection_events;
     fill_stream(&js, PREFIX, events).await?;
     let wiring = (url.as_str(), services.nats_url.as_str(), profile.rounds);

@@ -106,13 +106,7 @@ pub async fn measure(
     let empty_url = services.database_url(EMPTY_DATABASE);
     let pool = prepare(services, DATABASE).await?;
     let empty_pool = prepare(services, EMPTY_DATABASE).await?;
-    let js = jetstream::new(async_nats::connect(&services.nats_url).await?);
-    let settings = relay::StreamSettings {
-        name: STREAM.into(),
-        subject_prefix: PREFIX.into(),
-        ..relay::StreamSettings::default()
-    };
-    relay::ensure_stream(&js, &settings, true).await?;
+    let js = super::fresh_stream(&services.nats_url, STREAM, PREFIX).await?;
     prepare_history(&pool, profile.history, progress).await?;
     sqlx::query("TRUNCATE outbox, outbox_inflight")
         .execute(&empty_pool)
