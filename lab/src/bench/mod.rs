@@ -25,8 +25,9 @@ use crate::demo::services::Services;
 /// `waybill bench` options.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// The quick profile: smaller sizes and three rounds (about six minutes instead of fifteen). The
-    /// sizes of the run are in its output (`sizes`).
+    /// The quick profile: smaller sizes and three rounds (about five minutes here, plus about three
+    /// the first time, which seeds a million sent rows). The sizes of the run are in its output
+    /// (`sizes`).
     #[arg(long)]
     pub quick: bool,
 
