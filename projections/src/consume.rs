@@ -301,21 +301,15 @@ impl<P: Projection> Runner<P> {
 /// True when the database could not be reached at all (connection, pool, protocol), as opposed to a
 /// statement it refused: only the latter can be a message's fault.
 fn unreachable_database(error: &ApplyError) -> bool {
-    let mut causes =
-        std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |cause| {
-            cause.source()
-        });
-    causes.any(|cause| {
+    crate::runner::sqlx_causes(error).any(|cause| {
         matches!(
-            cause.downcast_ref::<sqlx::Error>(),
-            Some(
-                sqlx::Error::Io(_)
-                    | sqlx::Error::Tls(_)
-                    | sqlx::Error::Protocol(_)
-                    | sqlx::Error::PoolTimedOut
-                    | sqlx::Error::PoolClosed
-                    | sqlx::Error::WorkerCrashed
-            )
+            cause,
+            sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed
         )
     })
 }

@@ -310,14 +310,15 @@ pub(crate) fn is_conflict(error: &ApplyError) -> bool {
     if matches!(error, ApplyError::CheckpointsMoved { .. }) {
         return true;
     }
-    let mut causes =
-        std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |cause| {
-            cause.source()
-        });
-    causes.any(|cause| {
-        matches!(
-            cause.downcast_ref::<sqlx::Error>(),
-            Some(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("40P01" | "40001"))
-        )
+    sqlx_causes(error).any(|cause| {
+        matches!(cause, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40P01" | "40001")))
     })
+}
+
+/// The database errors in `error`'s chain of causes, outermost first.
+pub(crate) fn sqlx_causes(error: &ApplyError) -> impl Iterator<Item = &sqlx::Error> {
+    std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |cause| {
+        cause.source()
+    })
+    .filter_map(|cause| cause.downcast_ref::<sqlx::Error>())
 }

@@ -52,7 +52,6 @@ impl FaultKind {
         Self::HostilePublish,
     ];
 
-    /// Its name on the command line and in the report.
     /// Every kind there is: [`FaultKind::ALL`] and the ones that need `--cluster`.
     pub const KNOWN: [Self; 8] = [
         Self::RelayKill,
@@ -80,6 +79,7 @@ impl FaultKind {
         self == Self::NatsNodeKill
     }
 
+    /// Its name on the command line and in the report.
     pub fn name(self) -> &'static str {
         match self {
             Self::RelayKill => "relay_kill",
