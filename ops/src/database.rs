@@ -70,11 +70,16 @@ pub async fn connect_with(
     if !settings.is_empty() {
         options = options.options(settings.iter().map(|(k, v)| (*k, v.as_str())));
     }
+    pool_options(max_connections).connect_with(options).await
+}
+
+/// Pool options every waybill pool starts from: at most `max_connections`, a 10 s wait for one,
+/// and Nagle's algorithm off on each new connection (see [`crate::nodelay`]).
+pub fn pool_options(max_connections: u32) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .connect_with(options)
-        .await
+        .after_connect(|connection, _| Box::pin(crate::nodelay::disable_nagle(connection)))
 }
 
 /// Creates the database named in `url` when it does not exist; returns whether it created it.

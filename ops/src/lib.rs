@@ -8,6 +8,7 @@ mod edge;
 mod exit;
 mod logging;
 mod nats;
+mod nodelay;
 pub mod operator;
 mod redact;
 mod shutdown;

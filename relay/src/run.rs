@@ -11,7 +11,7 @@ use async_nats::jetstream;
 use ops::error_chain;
 use serde::Serialize;
 use sqlx::PgPool;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
 
 use crate::admin;
@@ -162,9 +162,7 @@ impl Relay {
         let journal_options = (*pool.connect_options())
             .clone()
             .options([("synchronous_commit", "on")]);
-        let journal_pool = PgPoolOptions::new()
-            .max_connections(config.lanes.max(1) as u32)
-            .acquire_timeout(Duration::from_secs(10))
+        let journal_pool = ops::database::pool_options(config.lanes.max(1) as u32)
             .connect_lazy_with(journal_options);
         let jetstream = jetstream::context::ContextBuilder::new()
             .timeout(config.effective_publish_timeout())
