@@ -44,6 +44,10 @@ pub struct LoadStep {
     pub p95_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// Of that, from commit to the relay marking the event sent (published and acknowledged), ms:
+    /// the rest is the projections' share.
+    pub relayed_p50_ms: f64,
+    pub relayed_p99_ms: f64,
     /// Events measured.
     pub samples: i64,
     /// Events committed but not yet applied everywhere when the step's load ended.
@@ -157,7 +161,7 @@ pub async fn measure(
 fn describe(what: &str, step: &LoadStep) -> String {
     format!(
         "{what} {} events/s offered: {:.0} accepted/s, {} failed {:?}; commit to applied everywhere \
-         p50 {} ms, p95 {} ms, p99 {} ms; {} waiting at the end, drained in {:.1} s{}",
+         p50 {} ms, p95 {} ms, p99 {} ms (relayed p50 {} ms, p99 {} ms); {} waiting at the end, drained in {:.1} s{}",
         step.offered,
         step.achieved,
         step.failed,
@@ -165,6 +169,8 @@ fn describe(what: &str, step: &LoadStep) -> String {
         step.p50_ms,
         step.p95_ms,
         step.p99_ms,
+        step.relayed_p50_ms,
+        step.relayed_p99_ms,
         step.backlog_at_end,
         step.drain_seconds,
         if step.sustained {
@@ -261,11 +267,13 @@ impl Load {
             achieved,
             failed,
             failures,
-            p50_ms: latency.0,
-            p95_ms: latency.1,
-            p99_ms: latency.2,
-            max_ms: latency.3,
-            samples: latency.4,
+            p50_ms: latency.p50,
+            p95_ms: latency.p95,
+            p99_ms: latency.p99,
+            max_ms: latency.max,
+            relayed_p50_ms: latency.relayed_p50,
+            relayed_p99_ms: latency.relayed_p99,
+            samples: latency.samples,
             backlog_at_end,
             drain_seconds,
             drained,
@@ -293,33 +301,50 @@ impl Load {
         .await?)
     }
 
-    /// p50, p95, p99 and max (ms) from commit to the last projection's checkpoint, and the count, over
-    /// the events after position `since` (every one of them is a version 1: its checkpoint is its own).
-    async fn latency(&self, since: i64) -> anyhow::Result<(f64, f64, f64, f64, i64)> {
-        let row: (Option<Vec<f64>>, Option<f64>, i64) = sqlx::query_as(
+    /// From commit to the last projection's checkpoint, and to the relay's mark, over the events
+    /// after position `since` (every one of them is a version 1: its checkpoint is its own).
+    async fn latency(&self, since: i64) -> anyhow::Result<Latency> {
+        let row: (Option<Vec<f64>>, Option<Vec<f64>>, Option<f64>, i64) = sqlx::query_as(
             "WITH applied AS (
                 SELECT (extract(epoch FROM greatest(i.updated_at, p.updated_at, s.updated_at) - e.recorded_at)
-                       * 1000)::float8 AS ms
+                       * 1000)::float8 AS ms,
+                       (extract(epoch FROM o.sent_at - e.recorded_at) * 1000)::float8 AS relayed_ms
                 FROM events e
                 JOIN inventory.checkpoints i ON i.aggregate_id = e.aggregate_id
                 JOIN points.checkpoints p ON p.aggregate_id = e.aggregate_id
                 JOIN search.checkpoints s ON s.aggregate_id = e.aggregate_id
+                LEFT JOIN outbox o ON o.event_id = e.event_id
                 WHERE e.position > $1)
              SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ms),
+                    percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY relayed_ms),
                     max(ms)::float8, count(*)
              FROM applied",
         )
         .bind(since)
         .fetch_one(&self.pool)
         .await?;
-        let percentiles = row.0.unwrap_or_default();
-        let at = |i: usize| (percentiles.get(i).copied().unwrap_or_default() * 10.0).round() / 10.0;
-        Ok((
-            at(0),
-            at(1),
-            at(2),
-            (row.1.unwrap_or_default() * 10.0).round() / 10.0,
-            row.2,
-        ))
+        let tenth = |ms: f64| (ms * 10.0).round() / 10.0;
+        let (total, relayed) = (row.0.unwrap_or_default(), row.1.unwrap_or_default());
+        let at = |values: &[f64], i: usize| tenth(values.get(i).copied().unwrap_or_default());
+        Ok(Latency {
+            p50: at(&total, 0),
+            p95: at(&total, 1),
+            p99: at(&total, 2),
+            max: tenth(row.2.unwrap_or_default()),
+            relayed_p50: at(&relayed, 0),
+            relayed_p99: at(&relayed, 1),
+            samples: row.3,
+        })
     }
+}
+
+/// One step's latency figures, ms.
+struct Latency {
+    p50: f64,
+    p95: f64,
+    p99: f64,
+    max: f64,
+    relayed_p50: f64,
+    relayed_p99: f64,
+    samples: i64,
 }
