@@ -304,7 +304,14 @@ impl Load {
     /// From commit to the last projection's checkpoint, and to the relay's mark, over the events
     /// after position `since` (every one of them is a version 1: its checkpoint is its own).
     async fn latency(&self, since: i64) -> anyhow::Result<Latency> {
-        let row: (Option<Vec<f64>>, Option<Vec<f64>>, Option<f64>, i64) = sqlx::query_as(
+        #[derive(sqlx::FromRow)]
+        struct Row {
+            total: Option<Vec<f64>>,
+            relayed: Option<Vec<f64>>,
+            max: Option<f64>,
+            samples: i64,
+        }
+        let row: Row = sqlx::query_as(
             "WITH applied AS (
                 SELECT (extract(epoch FROM greatest(i.updated_at, p.updated_at, s.updated_at) - e.recorded_at)
                        * 1000)::float8 AS ms,
@@ -315,25 +322,28 @@ impl Load {
                 JOIN search.checkpoints s ON s.aggregate_id = e.aggregate_id
                 LEFT JOIN outbox o ON o.event_id = e.event_id
                 WHERE e.position > $1)
-             SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ms),
-                    percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY relayed_ms),
-                    max(ms)::float8, count(*)
+             SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ms) AS total,
+                    percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY relayed_ms) AS relayed,
+                    max(ms)::float8 AS max, count(*) AS samples
              FROM applied",
         )
         .bind(since)
         .fetch_one(&self.pool)
         .await?;
         let tenth = |ms: f64| (ms * 10.0).round() / 10.0;
-        let (total, relayed) = (row.0.unwrap_or_default(), row.1.unwrap_or_default());
+        let (total, relayed) = (
+            row.total.unwrap_or_default(),
+            row.relayed.unwrap_or_default(),
+        );
         let at = |values: &[f64], i: usize| tenth(values.get(i).copied().unwrap_or_default());
         Ok(Latency {
             p50: at(&total, 0),
             p95: at(&total, 1),
             p99: at(&total, 2),
-            max: tenth(row.2.unwrap_or_default()),
+            max: tenth(row.max.unwrap_or_default()),
             relayed_p50: at(&relayed, 0),
             relayed_p99: at(&relayed, 1),
-            samples: row.3,
+            samples: row.samples,
         })
     }
 }
