@@ -73,10 +73,17 @@ pub struct ClaimedRow {
 /// hash-joined the whole table with itself and sorted it to keep 1,000 rows: 0.96 s per claim of a
 /// 100k-row outbox with no history (44 ms pinned), which made an empty outbox drain slower than one
 /// with 1M sent rows. Every statement of a claim is index-driven; nothing in it wants those plans.
+///
+/// With `lane = Some((k, n))` only aggregates of lane `k` of `n` are claimed — the last two bytes of
+/// the aggregate id, modulo `n` (random bits in every UUID v4 or v7). A relay's lanes then never
+/// compete for the same heads: without it, when there were fewer due aggregates than a claim takes
+/// (hot aggregates), the first lane locked every head and the others found nothing, and otherwise
+/// each lane walked past the rows the others had locked.
 pub async fn claim(
     tx: &mut PgConnection,
     batch_size: i64,
     max_rows: i64,
+    lane: Option<(u32, u32)>,
 ) -> sqlx::Result<Vec<ClaimedRow>> {
     sqlx::raw_sql(
         "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
@@ -97,6 +104,9 @@ pub async fn claim(
             WHERE o.status IN ('pending', 'failed')
               AND o.next_run_at <= now()
               AND (p.id IS NULL OR p.status = 'sent')
+              AND ($3::int4 IS NULL
+                   OR (get_byte(uuid_send(o.aggregate_id), 14) * 256
+                       + get_byte(uuid_send(o.aggregate_id), 15)) % $3 = $4)
             ORDER BY o.next_run_at, o.id
             LIMIT $1
             FOR UPDATE OF o SKIP LOCKED
@@ -127,6 +137,8 @@ pub async fn claim(
     )
     .bind(batch_size)
     .bind(max_rows)
+    .bind(lane.map(|(_, lanes)| lanes as i32))
+    .bind(lane.map(|(lane, _)| lane as i32))
     .fetch_all(tx)
     .await
 }

@@ -215,10 +215,20 @@ impl Relay {
         ensure_stream(&self.jetstream, &self.config.stream, update).await
     }
 
-    /// One claim–publish–settle step (after ending other relays' stalled claims, at most once a
-    /// second).
+    /// One claim–publish–settle step over every aggregate (after ending other relays' stalled
+    /// claims, at most once a second).
     pub async fn step(&self) -> Result<StepReport, StepError> {
+        self.step_lane(None).await
+    }
+
+    /// A step of lane `lane` (`None`: every aggregate): with several lanes, each claims only its own
+    /// share of the aggregates, so that lanes never compete for the same heads.
+    async fn step_lane(&self, lane: Option<usize>) -> Result<StepReport, StepError> {
         let ended = self.end_stale_claims().await.map_err(StepError::Claim)?;
+        let lanes = self.config.lanes.max(1);
+        let share = lane
+            .filter(|_| lanes > 1)
+            .map(|lane| (lane as u32, lanes as u32));
         let mut report = step(
             &self.pool,
             &self.journal_pool,
@@ -226,6 +236,7 @@ impl Relay {
             &self.config,
             &self.stopping,
             &self.fail_point,
+            share,
         )
         .await?;
         report.stale_claims_ended = ended as usize;
@@ -271,7 +282,7 @@ impl Relay {
         let mut waiting_since: Option<Instant> = None;
         loop {
             let mut round = RunSummary::default();
-            let lanes = (0..self.config.lanes.max(1)).map(|_| self.drain_lane());
+            let lanes = (0..self.config.lanes.max(1)).map(|lane| self.drain_lane(lane));
             for lane in futures::future::join_all(lanes).await {
                 round.merge(&lane?);
             }
@@ -304,11 +315,11 @@ impl Relay {
         }
     }
 
-    async fn drain_lane(&self) -> Result<RunSummary, StepError> {
+    async fn drain_lane(&self, lane: usize) -> Result<RunSummary, StepError> {
         let mut summary = RunSummary::default();
         let mut lost_in_a_row = 0;
         loop {
-            let report = match self.step().await {
+            let report = match self.step_lane(Some(lane)).await {
                 Ok(report) => report,
                 // A lost claim (or a claim whose session was ended while it was read) is not the end
                 // of a drain: its rows are someone else's or free again, and the pool reconnects.
@@ -410,7 +421,7 @@ impl Relay {
             {
                 tracing::info!(after = ?since.elapsed(), "NATS is back; resuming");
             }
-            let result = self.step().await;
+            let result = self.step_lane(Some(lane)).await;
             let report = match &result {
                 Ok(report) => report.clone(),
                 // A failed settle published without marking: count what it did, mark nothing.

@@ -103,7 +103,8 @@ pub enum StepError {
 /// Runs one claim–publish–settle step.
 ///
 /// `journal_pool` must commit synchronously (`synchronous_commit = on`): the journal record has to
-/// survive a PostgreSQL crash (see [`journal`]).
+/// survive a PostgreSQL crash (see [`journal`]). `lane`: claim only that lane's aggregates (see
+/// [`claim`]).
 pub async fn step(
     pool: &PgPool,
     journal_pool: &PgPool,
@@ -111,13 +112,14 @@ pub async fn step(
     config: &RelayConfig,
     stopping: &Arc<AtomicBool>,
     fail_point: &FailPoint,
+    lane: Option<(u32, u32)>,
 ) -> Result<StepReport, StepError> {
     let started = Instant::now();
     // Counted from the start: a step that stalled while claiming must not start publishing late.
     let deadline = started + config.effective_step_deadline();
     let mut tx = pool.begin().await.map_err(StepError::Claim)?;
     let claimed_at = Utc::now();
-    let rows = claim(&mut tx, config.batch_size, config.max_rows)
+    let rows = claim(&mut tx, config.batch_size, config.max_rows, lane)
         .await
         .map_err(StepError::Claim)?;
     if rows.is_empty() {

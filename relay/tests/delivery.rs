@@ -730,7 +730,9 @@ async fn a_claim_gives_every_head_an_equal_share_of_its_followers(pool: PgPool) 
     // beside idle ones, which is what starved hot aggregates.)
     seed(&pool, 4, 3).await;
     let mut tx = pool.begin().await.expect("begin");
-    let rows = relay::claim::claim(&mut tx, 4, 8).await.expect("claim");
+    let rows = relay::claim::claim(&mut tx, 4, 8, None)
+        .await
+        .expect("claim");
     let (runs, left_out) = relay::claim::into_runs(rows);
     let shape: Vec<Vec<i64>> = runs
         .iter()
@@ -744,4 +746,53 @@ async fn a_claim_gives_every_head_an_equal_share_of_its_followers(pool: PgPool) 
         "{runs:?}"
     );
     tx.rollback().await.expect("rollback");
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn lanes_claim_disjoint_aggregates_even_when_one_claim_could_take_them_all(pool: PgPool) {
+    // Eight orders of two unsent versions, and a claim with room for every head: unpartitioned, the
+    // first lane locks all eight and a second finds nothing (hot aggregates drained by one lane).
+    seed(&pool, 8, 2).await;
+    let mut first = pool.begin().await.expect("begin");
+    let mut second = pool.begin().await.expect("begin");
+    let aggregates = |rows: &[relay::claim::ClaimedRow]| {
+        let mut ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.aggregate_id).collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    };
+    let all = relay::claim::claim(&mut first, 100, 100, None)
+        .await
+        .expect("claim");
+    assert_eq!(aggregates(&all).len(), 8);
+    assert!(
+        relay::claim::claim(&mut second, 100, 100, None)
+            .await
+            .expect("claim")
+            .is_empty(),
+        "without lanes, the second claim finds every head locked"
+    );
+    first.rollback().await.expect("rollback");
+    second.rollback().await.expect("rollback");
+
+    let mut lanes = Vec::new();
+    let mut claimed = Vec::new();
+    for lane in 0..2 {
+        let mut tx = pool.begin().await.expect("begin");
+        let rows = relay::claim::claim(&mut tx, 100, 100, Some((lane, 2)))
+            .await
+            .expect("claim");
+        // Each aggregate whole (head and follower), in one lane only.
+        assert_eq!(rows.len(), 2 * aggregates(&rows).len(), "{rows:?}");
+        claimed.extend(aggregates(&rows));
+        lanes.push(tx);
+    }
+    let mut distinct = claimed.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), claimed.len(), "no aggregate in both lanes");
+    assert_eq!(claimed.len(), 8, "together the lanes claim every aggregate");
+    for tx in lanes {
+        tx.rollback().await.expect("rollback");
+    }
 }
