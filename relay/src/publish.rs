@@ -278,6 +278,20 @@ async fn publish_one(
         Ok(_) if faults.lost_ack > 0.0 && rand::random_bool(faults.lost_ack.min(1.0)) => {
             Outcome::failed("injected fault: PubAck lost".into(), true)
         }
+        // Sequence 0 means "not stored" (no stream message has it). Some nats-server releases answer
+        // a Msg-Id they have only staged on a clustered stream (proposed, not yet applied, e.g. our
+        // earlier publish whose PubAck timed out) with `duplicate: true, seq: 0` and no error, and a
+        // leader change can then drop that proposal (nats-server#5827, #6415). Taken as delivered,
+        // the row would be marked sent with stream_seq 0 though the stream may never get it. So it
+        // is an ambiguous failure, retried until the server knows the sequence (a duplicate with
+        // it) or the window forgets the id (then the fence decides).
+        Ok(ack) if ack.sequence == 0 => Outcome::failed(
+            format!(
+                "pub ack: sequence 0 (duplicate: {}): the server has not stored the message yet",
+                ack.duplicate
+            ),
+            true,
+        ),
         Ok(ack) => Outcome::Sent {
             sequence: Some(ack.sequence),
             duplicate: ack.duplicate,
@@ -325,4 +339,86 @@ fn ambiguous(kind: PublishErrorKind) -> bool {
         kind,
         PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use chrono::Utc;
+    use uuid::Uuid;
+
+    /// A broker that answers a publish with `ack`, as JetStream would: a plain subscriber on a subject
+    /// no stream holds replies with the PubAck's JSON.
+    async fn publish_answered_with(ack: &'static str) -> Outcome {
+        let server = testkit::NatsServer::start().expect("nats-server");
+        let client = async_nats::connect(server.url()).await.expect("connect");
+        let mut requests = client.subscribe("fake.events.>").await.expect("subscribe");
+        let responder = client.clone();
+        tokio::spawn(async move {
+            while let Some(request) = requests.next().await {
+                if let Some(reply) = request.reply {
+                    let _ = responder.publish(reply, ack.into()).await;
+                }
+            }
+        });
+        client.flush().await.expect("flush");
+        let row = ClaimedRow {
+            id: 1,
+            attempts: 0,
+            created_at: Utc::now(),
+            traceparent: None,
+            event_id: Uuid::from_u128(102),
+            event_type: "order.paid".into(),
+            event_version: 1,
+            aggregate_type: "order".into(),
+            aggregate_id: Uuid::from_u128(7),
+            aggregate_version: 2,
+            body: Bytes::from_static(b"{}"),
+            previous_sequence: Some(5),
+            tid: String::new(),
+        };
+        let jetstream = jetstream::new(client);
+        let subject = Subject::from("fake.events.order.7");
+        match publish_one(&jetstream, &subject, &row, 5, PublishFaults::default()).await {
+            Attempt::Done(outcome) => outcome,
+            Attempt::WrongLastSequence(refusal) => panic!("refused: {refusal}"),
+        }
+    }
+
+    // What some nats-server releases answer for a Msg-Id they have only staged on a clustered stream
+    // (nats-server#5827); the staged proposal can be lost to a leader change, so the row must not be
+    // marked sent on it.
+    #[tokio::test]
+    async fn a_duplicate_ack_without_a_sequence_is_not_a_delivery() {
+        let outcome = publish_answered_with(r#"{"stream":"S","seq":0,"duplicate": true}"#).await;
+        assert!(
+            matches!(
+                outcome,
+                Outcome::Failed {
+                    ambiguous: true,
+                    conflict: false,
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_ack_with_its_sequence_is_a_delivery() {
+        let outcome = publish_answered_with(r#"{"stream":"S","seq":42,"duplicate": true}"#).await;
+        assert!(
+            matches!(
+                outcome,
+                Outcome::Sent {
+                    sequence: Some(42),
+                    duplicate: true,
+                    fenced: false,
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+    }
 }

@@ -22,7 +22,7 @@ pub mod secure_nats;
 pub mod stats;
 mod stream;
 
-pub use local_nats::{NatsServer, find_binary, free_port, free_ports};
+pub use local_nats::{NatsServer, find_binary, free_port, free_ports, server_version};
 pub use local_postgres::{PostgresServer, reachable};
 pub use nats_cluster::NatsCluster;
 pub use stream::{StoredEvent, StreamCheck, check_stream, stream_events, versions_by_aggregate};

@@ -191,6 +191,17 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
+/// What `nats-server --version` says of the binary private servers are started from (e.g.
+/// `nats-server: v2.9.10`), so that a report names the server its verdict is about.
+pub fn server_version() -> Option<String> {
+    let output = std::process::Command::new(find_binary("nats-server")?)
+        .arg("--version")
+        .output()
+        .ok()?;
+    let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    (!version.is_empty()).then_some(version)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

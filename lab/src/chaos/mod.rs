@@ -291,6 +291,7 @@ async fn exercise(
         database_url: &servers.database_url,
         nats_url: &servers.nats_url,
         nats_nodes: servers.nats_nodes,
+        nats_server: testkit::server_version(),
         partitions: fleet.partitions(),
         stream: STREAM,
         logs: fleet.logs(),

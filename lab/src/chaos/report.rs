@@ -31,6 +31,8 @@ pub struct Inputs<'a> {
     pub nats_url: &'a str,
     /// Nodes of the NATS cluster (1: a single server).
     pub nats_nodes: usize,
+    /// What the private servers' binary says of its version (`nats-server --version`).
+    pub nats_server: Option<String>,
     /// Partitions of each projection, one instance each.
     pub partitions: u32,
     pub stream: &'a str,
@@ -107,6 +109,7 @@ impl Report {
         // Beside the macro's (which reaches its recursion limit with more keys).
         report["nats_nodes"] = json!(inputs.nats_nodes);
         report["partitions"] = json!(inputs.partitions);
+        report["nats_server"] = json!(inputs.nats_server);
         Self(report)
     }
 
@@ -202,10 +205,11 @@ impl Report {
             ));
         }
         out.push_str(&format!(
-            "  database {}  NATS {} ({} node(s), {} partition(s) per projection)  stream {}\n  logs {}\n",
+            "  database {}  NATS {} ({} node(s) of {}, {} partition(s) per projection)  stream {}\n  logs {}\n",
             r["database_url"].as_str().unwrap_or(""),
             r["nats_url"].as_str().unwrap_or(""),
             r["nats_nodes"],
+            r["nats_server"].as_str().unwrap_or("an unknown nats-server"),
             r["partitions"],
             r["stream"].as_str().unwrap_or(""),
             r["logs"].as_str().unwrap_or("")
