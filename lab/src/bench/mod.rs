@@ -137,7 +137,7 @@ impl Profile {
                 projection_events: 30_000,
                 e2e_rate: 1_000,
                 e2e_seconds: 10,
-                sweep_rates: vec![250, 500, 1_000, 2_000, 2_500, 3_000, 4_000],
+                sweep_rates: vec![250, 500, 1_000, 1_500, 2_000, 2_500, 3_000, 4_000],
                 sweep_seconds: 6,
             }
         } else {
