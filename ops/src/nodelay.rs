@@ -24,10 +24,16 @@ use sqlx::PgConnection;
 
 /// Sets `TCP_NODELAY` on `connection`'s socket when it is a TCP connection of this process.
 pub(crate) async fn disable_nagle(connection: &mut PgConnection) -> sqlx::Result<()> {
-    let (client_port, server_port): (Option<i32>, Option<i32>) =
+    let ports: sqlx::Result<(Option<i32>, Option<i32>)> =
         sqlx::query_as("SELECT inet_client_port(), inet_server_port()")
             .fetch_one(connection)
-            .await?;
+            .await;
+    // A server that cannot say (a proxy or another engine speaking the protocol) keeps the option.
+    let Ok((client_port, server_port)) = ports.inspect_err(|error| {
+        tracing::debug!(%error, "the server did not name the client port; TCP_NODELAY not set");
+    }) else {
+        return Ok(());
+    };
     // NULL over a Unix socket, where there is no Nagle's algorithm to turn off.
     let (Some(client_port), Some(server_port)) = (client_port, server_port) else {
         return Ok(());
