@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod fence;
 pub mod metrics;
+pub mod peers;
 pub mod publish;
 mod run;
 pub mod settle;

@@ -12,6 +12,14 @@ use crate::step::StepReport;
 
 /// Registers descriptions, so a scrape explains every series.
 pub fn describe() {
+    describe_gauge!(
+        "waybill_relay_peers",
+        "Relays holding a slot on this outbox, this one included (0: this relay holds none and claims every aggregate)."
+    );
+    describe_gauge!(
+        "waybill_relay_lanes_in_all",
+        "Lanes of every relay holding a slot: the aggregates are split this many ways."
+    );
     describe_counter!(
         "waybill_relay_published_total",
         "Outbox rows published and acknowledged by JetStream."
@@ -130,6 +138,13 @@ pub fn record_stale_claims_ended(ended: u64) {
 /// A step whose settle could not be written.
 pub fn record_lost_claim() {
     counter!("waybill_relay_lost_claims_total").increment(1);
+}
+
+/// Where this relay's lanes sit among the relays sharing the outbox (`None`: it holds no slot and
+/// claims as if alone).
+pub fn record_seat(seat: Option<crate::peers::Seat>) {
+    gauge!("waybill_relay_peers").set(seat.map_or(0.0, |s| f64::from(s.relays)));
+    gauge!("waybill_relay_lanes_in_all").set(seat.map_or(0.0, |s| f64::from(s.total)));
 }
 
 /// Publishes the outbox gauges.

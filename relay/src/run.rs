@@ -17,12 +17,18 @@ use tokio::sync::Notify;
 use crate::admin;
 use crate::config::RelayConfig;
 use crate::metrics;
+use crate::peers::{Peers, Seat};
 use crate::step::{FailPoint, StepError, StepReport, step};
 use crate::stream::{ProvisionError, ensure_stream};
 
 /// How far ahead `run --once` waits for failed rows to come due again (the first retries, 1 s and 5 s
 /// by default), rather than leaving a transient failure behind.
 const RETRY_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a [`Relay::run`] lane may claim only its share among the relays sharing the outbox
+/// before it claims once over every aggregate: a frozen relay keeps its slot, and its share must not
+/// wait for it longer than this.
+const UNSPLIT_EVERY: Duration = Duration::from_secs(1);
 
 /// How a relay names its PostgreSQL sessions (`application_name`), followed by its relay id. Relays
 /// end each other's stalled claims by this prefix; nothing else may use it.
@@ -218,17 +224,20 @@ impl Relay {
     /// One claim–publish–settle step over every aggregate (after ending other relays' stalled
     /// claims, at most once a second).
     pub async fn step(&self) -> Result<StepReport, StepError> {
-        self.step_lane(None).await
+        self.step_lane(None, None).await
     }
 
     /// A step of lane `lane` (`None`: every aggregate): with several lanes, each claims only its own
-    /// share of the aggregates, so that lanes never compete for the same heads.
-    async fn step_lane(&self, lane: Option<usize>) -> Result<StepReport, StepError> {
+    /// share of the aggregates, so that lanes never compete for the same heads; with a `seat` among
+    /// other relays (see [`crate::peers`]), only its share of this relay's share.
+    async fn step_lane(
+        &self,
+        lane: Option<usize>,
+        seat: Option<Seat>,
+    ) -> Result<StepReport, StepError> {
         let ended = self.end_stale_claims().await.map_err(StepError::Claim)?;
-        let lanes = self.config.lanes.max(1);
-        let share = lane
-            .filter(|_| lanes > 1)
-            .map(|lane| (lane as u32, lanes as u32));
+        let alone = Seat::alone(self.config.lanes.max(1) as u32);
+        let share = lane.and_then(|lane| seat.unwrap_or(alone).share(lane as u32));
         let mut report = step(
             &self.pool,
             &self.journal_pool,
@@ -280,9 +289,10 @@ impl Relay {
     pub async fn drain(&self) -> Result<RunSummary, StepError> {
         let mut summary = RunSummary::default();
         let mut waiting_since: Option<Instant> = None;
+        let peers = Peers::join(&self.pool, self.config.lanes.max(1) as u32).await;
         loop {
             let mut round = RunSummary::default();
-            let lanes = (0..self.config.lanes.max(1)).map(|lane| self.drain_lane(lane));
+            let lanes = (0..self.config.lanes.max(1)).map(|lane| self.drain_lane(lane, &peers));
             for lane in futures::future::join_all(lanes).await {
                 round.merge(&lane?);
             }
@@ -315,11 +325,16 @@ impl Relay {
         }
     }
 
-    async fn drain_lane(&self, lane: usize) -> Result<RunSummary, StepError> {
+    /// One lane of [`Relay::drain`]: its share among the relays sharing the outbox until that is empty,
+    /// then every aggregate (this relay's lanes still split), so that a drain never ends with rows a
+    /// frozen or slower relay's share left behind.
+    async fn drain_lane(&self, lane: usize, peers: &Peers) -> Result<RunSummary, StepError> {
         let mut summary = RunSummary::default();
         let mut lost_in_a_row = 0;
+        let mut split = true;
         loop {
-            let report = match self.step_lane(Some(lane)).await {
+            let seat = peers.seat().filter(|seat| split && seat.relays > 1);
+            let report = match self.step_lane(Some(lane), seat).await {
                 Ok(report) => report,
                 // A lost claim (or a claim whose session was ended while it was read) is not the end
                 // of a drain: its rows are someone else's or free again, and the pool reconnects.
@@ -341,6 +356,10 @@ impl Relay {
             };
             lost_in_a_row = 0;
             summary.add(&report);
+            if report.claimed == 0 && seat.is_some() {
+                split = false;
+                continue;
+            }
             // Nothing attempted (NATS is disconnected, or the relay is stopping): claiming again would
             // only spin. What is left stays pending for the next run.
             let attempted = report.published + report.failed + report.dead + report.held_back;
@@ -371,6 +390,7 @@ impl Relay {
                 wakes.iter().for_each(|w| w.notify_one());
             })
         };
+        let peers = Peers::join(&self.pool, self.config.lanes.max(1) as u32).await;
         let listener = tokio::spawn(listen(self.pool.clone(), wakes.clone()));
         let gauges = tokio::spawn(refresh_gauges(self.pool.clone()));
         let sweeper = self.config.retention.map(|retention| {
@@ -384,7 +404,7 @@ impl Relay {
         let lanes = wakes
             .iter()
             .enumerate()
-            .map(|(lane, wake)| self.lane(lane, wake, &totals));
+            .map(|(lane, wake)| self.lane(lane, wake, &totals, &peers));
         futures::future::join_all(lanes).await;
         listener.abort();
         gauges.abort();
@@ -401,11 +421,15 @@ impl Relay {
         summary
     }
 
-    /// One lane of [`Relay::run`]: the step loop.
-    async fn lane(&self, lane: usize, wake: &Notify, totals: &Mutex<RunSummary>) {
+    /// One lane of [`Relay::run`]: the step loop. It claims its share among the relays sharing the
+    /// outbox, except right after such a claim found nothing and at least every [`UNSPLIT_EVERY`]:
+    /// then over every aggregate, so that what a frozen relay's share holds still moves.
+    async fn lane(&self, lane: usize, wake: &Notify, totals: &Mutex<RunSummary>, peers: &Peers) {
         let mut progress = Progress::new();
         let mut errors_in_a_row = 0u32;
         let mut nats_down_since: Option<Instant> = None;
+        let mut split_next = true;
+        let mut unsplit_at = Instant::now();
         while !self.stopping.load(Ordering::Relaxed) {
             // While NATS is unreachable nothing is claimed: publishing would only burn attempts.
             if self.client.connection_state() != State::Connected {
@@ -421,7 +445,13 @@ impl Relay {
             {
                 tracing::info!(after = ?since.elapsed(), "NATS is back; resuming");
             }
-            let result = self.step_lane(Some(lane)).await;
+            let seat = peers.seat().filter(|seat| {
+                seat.relays > 1 && split_next && unsplit_at.elapsed() < UNSPLIT_EVERY
+            });
+            if seat.is_none() {
+                unsplit_at = Instant::now();
+            }
+            let result = self.step_lane(Some(lane), seat).await;
             let report = match &result {
                 Ok(report) => report.clone(),
                 // A failed settle published without marking: count what it did, mark nothing.
@@ -439,6 +469,7 @@ impl Relay {
                     progress.tick(&totals);
                 }
             }
+            split_next = seat.is_none() || report.claimed > 0;
             let pause = match result {
                 Ok(report) => {
                     errors_in_a_row = 0;
