@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 /// One claimed outbox row: what to publish and where.
@@ -67,7 +67,7 @@ pub struct ClaimedRow {
 ///
 /// Both parts return their columns directly: no second lookup.
 ///
-/// The plan is pinned for the rest of the claim's transaction (`SET LOCAL`): walk `outbox_due_idx` in
+/// The plan is pinned for the claim's transaction, which [`begin`] opens (`SET LOCAL`): walk `outbox_due_idx` in
 /// order and probe each candidate's predecessor, stopping at `batch_size` heads. When the statistics
 /// say most rows are unsent — a small outbox, or one analyzed during a burst — the planner otherwise
 /// hash-joined the whole table with itself and sorted it to keep 1,000 rows: 0.96 s per claim of a
@@ -79,19 +79,23 @@ pub struct ClaimedRow {
 /// compete for the same heads: without it, when there were fewer due aggregates than a claim takes
 /// (hot aggregates), the first lane locked every head and the others found nothing, and otherwise
 /// each lane walked past the rows the others had locked.
+/// Opens a claim transaction with the claim's plan pinned (see [`claim`]). The settings travel with
+/// `BEGIN` in one simple query: a round trip less per step than setting them after it.
+pub async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
+    pool.begin_with(
+        "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
+         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
+         SET LOCAL enable_sort = off",
+    )
+    .await
+}
+
 pub async fn claim(
     tx: &mut PgConnection,
     batch_size: i64,
     max_rows: i64,
     lane: Option<(u32, u32)>,
 ) -> sqlx::Result<Vec<ClaimedRow>> {
-    sqlx::raw_sql(
-        "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
-         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
-         SET LOCAL enable_sort = off",
-    )
-    .execute(&mut *tx)
-    .await?;
     sqlx::query_as(
         "WITH heads AS (
             SELECT o.id, o.attempts, o.created_at, o.traceparent, o.event_id, o.event_type,

@@ -11,7 +11,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::claim::{ClaimedRow, claim, into_runs, row_ids};
+use crate::claim::{self, ClaimedRow, claim, into_runs, row_ids};
 use crate::config::RelayConfig;
 use crate::metrics;
 use crate::publish::{Outcome, publish_runs};
@@ -117,7 +117,7 @@ pub async fn step(
     let started = Instant::now();
     // Counted from the start: a step that stalled while claiming must not start publishing late.
     let deadline = started + config.effective_step_deadline();
-    let mut tx = pool.begin().await.map_err(StepError::Claim)?;
+    let mut tx = claim::begin(pool).await.map_err(StepError::Claim)?;
     let claimed_at = Utc::now();
     let rows = claim(&mut tx, config.batch_size, config.max_rows, lane)
         .await

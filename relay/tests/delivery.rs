@@ -729,7 +729,13 @@ async fn a_claim_gives_every_head_an_equal_share_of_its_followers(pool: PgPool) 
     // order all their versions and the other two only their heads: long chains of sequential PubAcks
     // beside idle ones, which is what starved hot aggregates.)
     seed(&pool, 4, 3).await;
-    let mut tx = pool.begin().await.expect("begin");
+    let mut tx = relay::claim::begin(&pool).await.expect("begin");
+    // The plan's settings came with BEGIN, for this transaction only.
+    let sort: String = sqlx::query_scalar("SHOW enable_sort")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("show");
+    assert_eq!(sort, "off");
     let rows = relay::claim::claim(&mut tx, 4, 8, None)
         .await
         .expect("claim");
@@ -753,8 +759,8 @@ async fn lanes_claim_disjoint_aggregates_even_when_one_claim_could_take_them_all
     // Eight orders of two unsent versions, and a claim with room for every head: unpartitioned, the
     // first lane locks all eight and a second finds nothing (hot aggregates drained by one lane).
     seed(&pool, 8, 2).await;
-    let mut first = pool.begin().await.expect("begin");
-    let mut second = pool.begin().await.expect("begin");
+    let mut first = relay::claim::begin(&pool).await.expect("begin");
+    let mut second = relay::claim::begin(&pool).await.expect("begin");
     let aggregates = |rows: &[relay::claim::ClaimedRow]| {
         let mut ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.aggregate_id).collect();
         ids.sort();
@@ -778,7 +784,7 @@ async fn lanes_claim_disjoint_aggregates_even_when_one_claim_could_take_them_all
     let mut lanes = Vec::new();
     let mut claimed = Vec::new();
     for lane in 0..2 {
-        let mut tx = pool.begin().await.expect("begin");
+        let mut tx = relay::claim::begin(&pool).await.expect("begin");
         let rows = relay::claim::claim(&mut tx, 100, 100, Some((lane, 2)))
             .await
             .expect("claim");
