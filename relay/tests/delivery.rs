@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Harness, PREFIX, STREAM, seed, wait_until};
+use common::{Harness, PREFIX, Running, STREAM, seed, wait_until};
 use relay::admin::{self, ReplayTarget};
 use relay::{FailPoint, PublishFaults, StepError};
 use sqlx::PgPool;
@@ -451,17 +451,7 @@ async fn a_new_row_is_picked_up_by_notification_not_by_polling(pool: PgPool) {
     let mut config = h.config("relay-a");
     config.poll_interval = Duration::from_secs(60);
     let relay = h.relay(config).await;
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let run = tokio::spawn({
-        let relay = relay.clone();
-        async move {
-            relay
-                .run(async move {
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                })
-                .await
-        }
-    });
+    let running = Running::start(&relay);
     // The relay hears of new rows only once its listener's LISTEN has run: wait for that session.
     wait_until(Duration::from_secs(10), "the relay's LISTEN", || async {
         let listening: i64 = sqlx::query_scalar(
@@ -488,8 +478,7 @@ async fn a_new_row_is_picked_up_by_notification_not_by_polling(pool: PgPool) {
         || async { testkit::outbox_counts(&h.pool).await.get("sent") == Some(&1) },
     )
     .await;
-    stop_tx.send(true).expect("stop");
-    run.await.expect("run");
+    running.stop().await;
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
@@ -501,23 +490,9 @@ async fn a_graceful_stop_settles_what_was_published_and_releases_the_rest(pool: 
     config.batch_size = 2000;
     config.max_rows = 2000;
     let relay = h.relay(config).await;
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let run = tokio::spawn({
-        let relay = relay.clone();
-        async move {
-            relay
-                .run(async move {
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                })
-                .await
-        }
-    });
+    let running = Running::start(&relay);
     h.wait_for_messages(50).await;
-    stop_tx.send(true).expect("stop");
-    let summary = tokio::time::timeout(Duration::from_secs(15), run)
-        .await
-        .expect("stops promptly")
-        .expect("task");
+    let summary = running.stop().await;
 
     let counts = testkit::outbox_counts(&h.pool).await;
     let sent = counts.get("sent").copied().unwrap_or(0);

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Harness, seed, wait_until};
+use common::{Harness, Running, seed, wait_until};
 use relay::peers::{Peers, Seat};
 use sqlx::PgPool;
 
@@ -105,17 +105,7 @@ async fn a_running_relay_moves_a_frozen_relays_share(pool: PgPool) {
             ..h.config("second")
         })
         .await;
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let run = tokio::spawn({
-        let relay = relay.clone();
-        async move {
-            relay
-                .run(async move {
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                })
-                .await
-        }
-    });
+    let running = Running::start(&relay);
     wait_until(Duration::from_secs(5), "the relay takes its seat", || {
         let seat = frozen.seat();
         async move { seat.is_some_and(|s| s.relays == 2) }
@@ -126,11 +116,7 @@ async fn a_running_relay_moves_a_frozen_relays_share(pool: PgPool) {
     h.wait_for_messages(80).await;
     let stream = h.stream().await;
     assert!(stream.iter().any(|e| in_share(e, 0)));
-    stop_tx.send(true).expect("stop");
-    let summary = tokio::time::timeout(Duration::from_secs(15), run)
-        .await
-        .expect("the relay stops")
-        .expect("the run task");
+    let summary = running.stop().await;
     assert_eq!(summary.published, 80, "{summary:?}");
     drop(frozen);
 }

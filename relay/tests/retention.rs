@@ -5,10 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Harness, PREFIX, wait_until};
+use common::{Harness, PREFIX, Running, wait_until};
 use relay::admin;
 use sqlx::PgPool;
-use tokio::sync::oneshot;
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn sent_rows_past_the_retention_leave_and_unsent_ones_stay(pool: PgPool) {
@@ -33,14 +32,7 @@ async fn sent_rows_past_the_retention_leave_and_unsent_ones_stay(pool: PgPool) {
             ..h.config("sweeping-relay")
         })
         .await;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        relay
-            .run(async move {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let running = Running::start(&relay);
 
     // The four live orders are sent, then deleted once a second old (the sweep runs every 10 s).
     wait_until(
@@ -68,8 +60,7 @@ async fn sent_rows_past_the_retention_leave_and_unsent_ones_stay(pool: PgPool) {
     assert!(check.holds(), "{check:?}");
     assert_eq!(check.messages, 5, "four placed and one paid");
 
-    let _ = stop.send(());
-    let summary = running.await.expect("the relay stops");
+    let summary = running.stop().await;
     assert_eq!(summary.published, 5, "{summary:?}");
 }
 

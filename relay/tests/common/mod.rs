@@ -98,6 +98,36 @@ impl Harness {
     }
 }
 
+/// A relay's [`Relay::run`] in a task of its own, until [`Running::stop`].
+pub struct Running {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<relay::RunSummary>,
+}
+
+impl Running {
+    pub fn start(relay: &Relay) -> Self {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let relay = relay.clone();
+        let task = tokio::spawn(async move {
+            relay
+                .run(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        });
+        Self { stop, task }
+    }
+
+    /// Asks the relay to stop and returns its totals; it must stop within 15 s.
+    pub async fn stop(self) -> relay::RunSummary {
+        self.stop.send(true).expect("the relay is running");
+        tokio::time::timeout(Duration::from_secs(15), self.task)
+            .await
+            .expect("the relay stops promptly")
+            .expect("the run task")
+    }
+}
+
 /// Inserts `aggregates` orders with `versions` (1 to 3: placed, paid, shipped) events each, written in
 /// interleaved order (every order's v1, then every v2, ...) straight into `events` and `outbox`.
 pub async fn seed(pool: &PgPool, aggregates: i64, versions: i64) {
