@@ -21,8 +21,9 @@ use crate::projection::Projection;
 pub enum ApplyError {
     #[error("starting the batch's transaction")]
     Begin(#[source] sqlx::Error),
-    /// The projection's advisory lock could not be taken.
-    #[error("waiting for the projection's turn")]
+    /// The batch's transaction could not be opened with the projection's advisory lock (they travel
+    /// together).
+    #[error("starting the batch's transaction and waiting for the projection's turn")]
     Lock(#[source] sqlx::Error),
     #[error("reading checkpoints")]
     ReadCheckpoints(#[source] sqlx::Error),

@@ -216,32 +216,40 @@ impl<P: Projection> Runner<P> {
         Ok(())
     }
 
-    /// Takes a partition's turn: the projection's lock shared (so the batches of different
-    /// partitions run side by side, and [`Runner::lock`] still waits for all of them), then the
-    /// partition's own lock, so two instances that both consume one partition (a handover) take
-    /// turns as before. Orders are disjoint between partitions; the rows they share (stock per SKU,
-    /// balances per customer) are written in key order, and a deadlock is retried anyway.
-    pub(crate) async fn lock_partition(
+    /// Opens a batch's transaction holding its turn, in one round trip (the lock travels with
+    /// `BEGIN`). `None`: the whole state's turn, as [`Runner::lock`] takes it. `Some(partition)`: the
+    /// projection's lock shared (so the batches of different partitions run side by side, and
+    /// [`Runner::lock`] still waits for all of them), then the partition's own lock, so two instances
+    /// that both consume one partition (a handover) take turns as before. Orders are disjoint between
+    /// partitions; the rows they share (stock per SKU, balances per customer) are written in key
+    /// order, and a deadlock is retried anyway.
+    async fn begin_turn(
         &self,
-        tx: &mut PgConnection,
-        partition: u32,
-    ) -> sqlx::Result<()> {
-        sqlx::query(
-            "SELECT pg_advisory_xact_lock_shared(hashtext('waybill.projection.' || $1)),
-                    pg_advisory_xact_lock(hashtext('waybill.projection.' || $1 || '.partition.' || $2))",
-        )
-        .bind(&self.schema)
-        .bind(self.config.partitions.label(partition))
-        .execute(&mut *tx)
-        .await?;
-        Ok(())
+        partition: Option<u32>,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ApplyError> {
+        let key = |name: String| format!("hashtext('{}')", name.replace('\'', "''"));
+        let whole = key(format!("waybill.projection.{}", self.schema));
+        let begin = match partition {
+            None => format!("BEGIN; SELECT pg_advisory_xact_lock({whole})"),
+            Some(partition) => format!(
+                "BEGIN; SELECT pg_advisory_xact_lock_shared({whole}), pg_advisory_xact_lock({})",
+                key(format!(
+                    "waybill.projection.{}.partition.{}",
+                    self.schema,
+                    self.config.partitions.label(partition)
+                ))
+            ),
+        };
+        self.pool
+            .begin_with(sqlx::AssertSqlSafe(begin))
+            .await
+            .map_err(ApplyError::Lock)
     }
 
     /// Decides and applies a batch in one transaction; returns one verdict per message. Nothing is
     /// acked here: the caller acks after this returns, so a crash in between only redelivers.
     pub async fn apply_batch(&self, messages: &[RawMessage]) -> Result<Vec<Verdict>, ApplyError> {
-        let mut tx = self.pool.begin().await.map_err(ApplyError::Begin)?;
-        self.lock(&mut tx).await.map_err(ApplyError::Lock)?;
+        let tx = self.begin_turn(None).await?;
         self.decide_and_commit(tx, messages).await
     }
 
@@ -257,10 +265,7 @@ impl<P: Projection> Runner<P> {
         loop {
             attempt += 1;
             let outcome = async {
-                let mut tx = self.pool.begin().await.map_err(ApplyError::Begin)?;
-                self.lock_partition(&mut tx, partition)
-                    .await
-                    .map_err(ApplyError::Lock)?;
+                let tx = self.begin_turn(Some(partition)).await?;
                 self.decide_and_commit(tx, messages).await
             }
             .await;

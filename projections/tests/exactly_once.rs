@@ -480,3 +480,36 @@ const REDRIVE: projections::RedriveRequest<'static> = projections::RedriveReques
     reason: "test",
     limit: None,
 };
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_batch_waits_for_an_operators_turn(pool: PgPool) {
+    let h = Harness::new(&pool).await;
+    let runner = h.runner(Inventory, h.config()).await;
+    // An operator's action (redrive, release, a rebuild's swap) holds the projection's whole turn.
+    let mut operator = runner.pool().begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('waybill.projection.inventory'))")
+        .execute(&mut *operator)
+        .await
+        .expect("the operator's turn");
+    let batch = async {
+        let verdicts = runner.apply_batch(&[]).await;
+        (verdicts, std::time::Instant::now())
+    };
+    let operator_done = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let released = std::time::Instant::now();
+        operator.commit().await.expect("commit");
+        released
+    };
+    let ((verdicts, finished), released) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(batch, operator_done)
+    })
+    .await
+    .expect("the batch runs once the turn is free");
+    assert!(
+        finished >= released,
+        "a batch must not run while an operator holds the turn"
+    );
+    let verdicts = verdicts.expect("an empty batch applies");
+    assert!(verdicts.is_empty());
+}
