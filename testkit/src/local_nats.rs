@@ -172,14 +172,59 @@ pub fn free_port() -> anyhow::Result<u16> {
 
 /// `count` distinct ports that were free a moment ago on 127.0.0.1. Each is held until all are chosen:
 /// calls of [`free_port`] one after another may be handed the same port, since none is still bound.
+///
+/// They are drawn below the kernel's ephemeral range (`ip_local_port_range`): a port the kernel hands
+/// out for binding port 0 comes from that range, where every outgoing connection also takes its
+/// local port, and a client connecting between the choice and the server's bind took it (seen once
+/// in the demo: "Address already in use" for a metrics port). Below the range only listeners compete,
+/// and a bind here tells whether one holds the port.
 pub fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
-    let held = (0..count)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let ceiling = ephemeral_floor().clamp(LOWEST_PORT + 1_000, u16::MAX);
+    let mut held: Vec<TcpListener> = Vec::with_capacity(count);
+    let mut draws = 0;
+    while held.len() < count {
+        draws += 1;
+        if draws > 10_000 {
+            // A crowded range: let the kernel choose, as before.
+            held.push(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?);
+            continue;
+        }
+        let port = LOWEST_PORT + (random() % u64::from(ceiling - LOWEST_PORT)) as u16;
+        if let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+            held.push(listener);
+        }
+    }
     Ok(held
         .iter()
         .map(|listener| listener.local_addr().map(|a| a.port()))
         .collect::<Result<_, _>>()?)
+}
+
+/// The lowest port drawn by [`free_ports`]: above the well-known and most registered service ports.
+const LOWEST_PORT: u16 = 20_000;
+
+/// The first port of the kernel's ephemeral range (Linux's default, 32768, where it cannot be read).
+fn ephemeral_floor() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// A random number from the standard library's per-process hash keys and a counter (no dependency
+/// for picking ports).
+fn random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
 }
 
 /// Looks `name` up on PATH and in the sbin folders, where Debian installs server binaries.
@@ -234,5 +279,24 @@ mod tests {
         assert!(dir.join("jetstream").is_dir(), "JetStream stores in it");
         drop(server);
         assert!(!dir.exists(), "{} is left behind", dir.display());
+    }
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let ports = free_ports(20).expect("ports");
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 20, "{ports:?}");
+        let floor = ephemeral_floor();
+        assert!(
+            ports
+                .iter()
+                .all(|&p| p >= LOWEST_PORT && p < floor.max(LOWEST_PORT + 1_000)),
+            "{ports:?} (ephemeral range from {floor})"
+        );
+        for port in ports {
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).expect("free again once released");
+        }
     }
 }
