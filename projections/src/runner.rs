@@ -209,11 +209,23 @@ impl<P: Projection> Runner<P> {
     /// Takes this state's whole turn: operators' actions (redrive, release, discard) and the swap of
     /// a rebuild wait for every batch of every partition, and batches wait for them.
     pub(crate) async fn lock(&self, tx: &mut PgConnection) -> sqlx::Result<()> {
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('waybill.projection.' || $1))")
-            .bind(&self.schema)
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(self.turn_key(None))
             .execute(&mut *tx)
             .await?;
         Ok(())
+    }
+
+    /// The name of a turn's advisory lock (hashed by PostgreSQL): the whole state's, or a partition's.
+    fn turn_key(&self, partition: Option<u32>) -> String {
+        match partition {
+            None => format!("waybill.projection.{}", self.schema),
+            Some(partition) => format!(
+                "waybill.projection.{}.partition.{}",
+                self.schema,
+                self.config.partitions.label(partition)
+            ),
+        }
     }
 
     /// Opens a batch's transaction holding its turn, in one round trip (the lock travels with
@@ -227,17 +239,17 @@ impl<P: Projection> Runner<P> {
         &self,
         partition: Option<u32>,
     ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ApplyError> {
-        let key = |name: String| format!("hashtext('{}')", name.replace('\'', "''"));
-        let whole = key(format!("waybill.projection.{}", self.schema));
+        // Quoted as literals: a simple query takes no parameters.
+        let key = |partition| {
+            let name = self.turn_key(partition).replace('\'', "''");
+            format!("hashtext('{name}')")
+        };
         let begin = match partition {
-            None => format!("BEGIN; SELECT pg_advisory_xact_lock({whole})"),
-            Some(partition) => format!(
-                "BEGIN; SELECT pg_advisory_xact_lock_shared({whole}), pg_advisory_xact_lock({})",
-                key(format!(
-                    "waybill.projection.{}.partition.{}",
-                    self.schema,
-                    self.config.partitions.label(partition)
-                ))
+            None => format!("BEGIN; SELECT pg_advisory_xact_lock({})", key(None)),
+            Some(_) => format!(
+                "BEGIN; SELECT pg_advisory_xact_lock_shared({}), pg_advisory_xact_lock({})",
+                key(None),
+                key(partition)
             ),
         };
         self.pool

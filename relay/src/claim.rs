@@ -45,6 +45,17 @@ pub struct ClaimedRow {
     pub tid: String,
 }
 
+/// Opens a claim transaction with the claim's plan pinned (see [`claim`]). The settings travel with
+/// `BEGIN` in one simple query: a round trip less per step than setting them after it.
+pub async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
+    pool.begin_with(
+        "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
+         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
+         SET LOCAL enable_sort = off",
+    )
+    .await
+}
+
 /// Locks up to `batch_size` due heads and up to `max_rows` rows in all, oldest due first.
 ///
 /// Heads: unsent (`pending`/`failed`), due, and the previous version is sent (a `dead` one holds its
@@ -67,8 +78,8 @@ pub struct ClaimedRow {
 ///
 /// Both parts return their columns directly: no second lookup.
 ///
-/// The plan is pinned for the claim's transaction, which [`begin`] opens (`SET LOCAL`): walk `outbox_due_idx` in
-/// order and probe each candidate's predecessor, stopping at `batch_size` heads. When the statistics
+/// The plan is pinned for the claim's transaction, which [`begin`] opens (`SET LOCAL`): walk
+/// `outbox_due_idx` in order and probe each candidate's predecessor, stopping at `batch_size` heads. When the statistics
 /// say most rows are unsent — a small outbox, or one analyzed during a burst — the planner otherwise
 /// hash-joined the whole table with itself and sorted it to keep 1,000 rows: 0.96 s per claim of a
 /// 100k-row outbox with no history (44 ms pinned), which made an empty outbox drain slower than one
@@ -79,17 +90,6 @@ pub struct ClaimedRow {
 /// compete for the same heads: without it, when there were fewer due aggregates than a claim takes
 /// (hot aggregates), the first lane locked every head and the others found nothing, and otherwise
 /// each lane walked past the rows the others had locked.
-/// Opens a claim transaction with the claim's plan pinned (see [`claim`]). The settings travel with
-/// `BEGIN` in one simple query: a round trip less per step than setting them after it.
-pub async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>> {
-    pool.begin_with(
-        "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;
-         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
-         SET LOCAL enable_sort = off",
-    )
-    .await
-}
-
 pub async fn claim(
     tx: &mut PgConnection,
     batch_size: i64,

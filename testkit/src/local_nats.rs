@@ -211,19 +211,14 @@ fn ephemeral_floor() -> u16 {
         .unwrap_or(32_768)
 }
 
-/// A random number from the standard library's per-process hash keys and a counter (no dependency
-/// for picking ports).
+/// A random number (no dependency for picking ports): every `RandomState` has fresh keys, so hashing
+/// a counter with it gives a new value each call.
 fn random() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
     hasher.finish()
 }
 
