@@ -170,8 +170,10 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(free_ports(1)?[0])
 }
 
-/// `count` distinct ports that were free a moment ago on 127.0.0.1. Each is held until all are chosen:
-/// calls of [`free_port`] one after another may be handed the same port, since none is still bound.
+/// `count` distinct ports that were free a moment ago on 127.0.0.1, none handed out before by this
+/// process: a caller often draws several ports before it starts the servers that bind them (or
+/// stops a server and starts it again on its port), and a later draw must not pick a port that is
+/// free only because its server is not running yet (the rollout story failed once in CI so).
 ///
 /// They are drawn below the kernel's ephemeral range (`ip_local_port_range`): a port the kernel hands
 /// out for binding port 0 comes from that range, where every outgoing connection also takes its
@@ -190,14 +192,28 @@ pub fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
             continue;
         }
         let port = LOWEST_PORT + (random() % u64::from(ceiling - LOWEST_PORT)) as u16;
+        if handed_out().contains(&port) {
+            continue;
+        }
         if let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
             held.push(listener);
         }
     }
-    Ok(held
+    let ports: Vec<u16> = held
         .iter()
         .map(|listener| listener.local_addr().map(|a| a.port()))
-        .collect::<Result<_, _>>()?)
+        .collect::<Result<_, _>>()?;
+    handed_out().extend(&ports);
+    Ok(ports)
+}
+
+/// Every port [`free_ports`] has handed out in this process.
+fn handed_out() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u16>> {
+    static PORTS: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    PORTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The lowest port drawn by [`free_ports`]: above the well-known and most registered service ports.
@@ -290,8 +306,22 @@ mod tests {
                 .all(|&p| p >= LOWEST_PORT && p < floor.max(LOWEST_PORT + 1_000)),
             "{ports:?} (ephemeral range from {floor})"
         );
-        for port in ports {
-            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).expect("free again once released");
+        for port in &ports {
+            TcpListener::bind((Ipv4Addr::LOCALHOST, *port)).expect("free again once released");
         }
+        // Free again, yet never handed out again: their servers may not have started yet.
+        let later: Vec<u16> = (0..400).map(|_| free_port().expect("port")).collect();
+        assert!(
+            later.iter().all(|p| !ports.contains(p)),
+            "{later:?} vs {ports:?}"
+        );
+        let mut distinct = later.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            later.len(),
+            "one after another, all distinct"
+        );
     }
 }

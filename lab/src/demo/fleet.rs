@@ -13,6 +13,9 @@ use store::{EventStore, OutboxNotifier};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// The order service's name among the processes (and, spaces as dashes, its log file's).
+const ORDER_SERVICE: &str = "order service";
+
 /// The relay that keeps running after the crash window; the demo checks that it settled the row the
 /// crashed relay had published.
 pub const RELAY_ID: &str = "demo-relay";
@@ -143,7 +146,7 @@ impl Fleet {
             .keep();
         let mut children = Vec::new();
         let api_port = testkit::free_port()?;
-        let mut serve = command(&binary("waybill")?, &wiring, &logs, "order-service")?;
+        let mut serve = command(&binary("waybill")?, &wiring, &logs, ORDER_SERVICE)?;
         let api_metrics_port = testkit::free_port()?;
         serve.args([
             "serve",
@@ -153,7 +156,7 @@ impl Fleet {
             &format!("127.0.0.1:{api_metrics_port}"),
         ]);
         children.push((
-            "order service".to_owned(),
+            ORDER_SERVICE.to_owned(),
             serve.spawn().context("starting waybill serve")?,
         ));
         let mut reads = Vec::new();
@@ -161,8 +164,12 @@ impl Fleet {
         let mut health = vec![format!("http://127.0.0.1:{api_metrics_port}")];
         for name in [Inventory::NAME, Points::NAME, Search::NAME] {
             let (port, metrics_port) = (testkit::free_port()?, testkit::free_port()?);
-            let mut projection =
-                command(&binary(&format!("waybill-{name}"))?, &wiring, &logs, name)?;
+            let mut projection = command(
+                &binary(&format!("waybill-{name}"))?,
+                &wiring,
+                &logs,
+                &format!("waybill-{name}"),
+            )?;
             projection.args([
                 "run",
                 "--listen",
@@ -255,7 +262,7 @@ impl Fleet {
                 }));
             }
             Running::Processes { children, logs } => {
-                let mut relay = command(&binary("waybill-relay")?, &wiring, logs, "relay")?;
+                let mut relay = command(&binary("waybill-relay")?, &wiring, logs, "waybill-relay")?;
                 relay.args(["run", "--relay-id", RELAY_ID, "--poll-interval", "200ms"]);
                 children.push((
                     "waybill-relay".to_owned(),
@@ -346,20 +353,33 @@ pub(super) async fn wait_for_health(
     anyhow::bail!("{base} did not become healthy within 30 s")
 }
 
-/// An error naming the first of `children` that has exited, with where its log is.
+/// An error naming the first of `children` that has exited, with the end of its log.
 fn exited(
     children: &mut [(String, tokio::process::Child)],
     logs: &std::path::Path,
 ) -> anyhow::Result<()> {
     for (name, child) in children.iter_mut() {
         if let Ok(Some(status)) = child.try_wait() {
-            anyhow::bail!(
-                "{name} exited with {status}; its log is in {}",
-                logs.display()
-            );
+            anyhow::bail!("{name} exited with {status}{}", log_tail(logs, name));
         }
     }
     Ok(())
+}
+
+/// The log file of the process `name` started by [`command`].
+fn log_path(logs: &std::path::Path, name: &str) -> PathBuf {
+    logs.join(format!("{}.log", name.replace(' ', "-")))
+}
+
+/// Where the log of process `name` is and its last lines: an error from a run on another machine
+/// (CI) must say why the process went, since its log directory is gone with the machine.
+pub(crate) fn log_tail(logs: &std::path::Path, name: &str) -> String {
+    const LINES: usize = 20;
+    let path = log_path(logs, name);
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(LINES)..].join("\n");
+    format!("; its log is {}, ending:\n{tail}", path.display())
 }
 
 fn local() -> SocketAddr {
@@ -388,7 +408,7 @@ pub(crate) fn command(
     logs: &std::path::Path,
     name: &str,
 ) -> anyhow::Result<tokio::process::Command> {
-    let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
+    let log = std::fs::File::create(log_path(logs, name))?;
     let mut command = tokio::process::Command::new(binary);
     command
         .env("DATABASE_URL", &wiring.database_url)

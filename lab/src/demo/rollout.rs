@@ -166,9 +166,9 @@ impl Processes {
             let health = child.health.clone();
             wait_for_health(&health, || match child.child.try_wait() {
                 Ok(Some(status)) => Err(anyhow::anyhow!(
-                    "{} exited with {status}; its log is in {}",
+                    "{} exited with {status}{}",
                     child.name,
-                    logs.display()
+                    super::fleet::log_tail(&logs, &child.name)
                 )),
                 _ => Ok(()),
             })
@@ -440,8 +440,8 @@ async fn redrive(wiring: &Wiring, logs: &Path, name: &str) -> anyhow::Result<()>
         .with_context(|| format!("running waybill-{name} redrive"))?;
     anyhow::ensure!(
         output.status.success(),
-        "waybill-{name} redrive failed; its log is in {}",
-        logs.display()
+        "waybill-{name} redrive failed{}",
+        super::fleet::log_tail(logs, &format!("{name}-redrive"))
     );
     let report: Value = serde_json::from_slice(&output.stdout).context("redrive's JSON")?;
     let still = report["redriven"]
