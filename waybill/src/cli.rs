@@ -203,6 +203,13 @@ pub struct ServeArgs {
     #[arg(long, env = "WAYBILL_METRICS_LISTEN", default_value = "127.0.0.1:9463")]
     pub metrics_listen: std::net::SocketAddr,
 
+    /// How often at most the service wakes the relays (one `pg_notify` from its own connection,
+    /// never inside a command's transaction) after commands wrote events. Shorter: events leave
+    /// sooner after their commit; longer: fewer notifications and relay steps under load. Relays
+    /// poll on their own as well, so a lost notification only delays.
+    #[arg(long, env = "WAYBILL_NOTIFY_INTERVAL", default_value = "5ms", value_parser = duration)]
+    pub notify_interval: std::time::Duration,
+
     #[command(flatten)]
     pub edge: EdgeArgs,
 
@@ -444,5 +451,26 @@ mod tests {
     #[test]
     fn the_grammar_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_notify_interval_is_a_positive_duration() {
+        let interval = |extra: &[&str]| {
+            let args = [&["waybill", "serve"][..], extra].concat();
+            Cli::try_parse_from(args).map(|cli| match cli.command {
+                Command::Serve(serve) => serve.notify_interval,
+                _ => unreachable!("parsed as serve"),
+            })
+        };
+        assert_eq!(
+            interval(&[]).expect("default"),
+            std::time::Duration::from_millis(5)
+        );
+        assert_eq!(
+            interval(&["--notify-interval", "20ms"]).expect("20ms"),
+            std::time::Duration::from_millis(20)
+        );
+        assert!(interval(&["--notify-interval", "0s"]).is_err());
+        assert!(interval(&["--notify-interval", "soon"]).is_err());
     }
 }

@@ -124,7 +124,7 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
         .execute(&pool)
         .await
         .map_err(failure::with_hint)?;
-    let notifier = store::OutboxNotifier::spawn(pool.clone(), std::time::Duration::from_millis(5));
+    let notifier = store::OutboxNotifier::spawn(pool.clone(), args.notify_interval);
     let writes = args.versions.versions();
     if !writes.is_empty() {
         tracing::info!(write_versions = %writes, "writing older payload versions (expand phase)");
