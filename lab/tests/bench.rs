@@ -34,6 +34,17 @@ fn the_bench_measures_every_part_and_reports_every_key() {
         let rate = report["relay"][key].as_f64();
         assert!(rate.is_some_and(|r| r > 0.0), "relay.{key}: {report}");
     }
+    for key in ["one", "two", "best"] {
+        // The drain proper cannot be slower than the same drain with the processes' start and end.
+        let (drain, wall) = (
+            report["relay"][key].as_f64().expect("a drain rate"),
+            report["relay"]["wall"][key].as_f64().expect("a wall rate"),
+        );
+        assert!(
+            wall > 0.0 && drain >= wall,
+            "relay.{key} {drain} vs wall {wall}"
+        );
+    }
     let cpu = &report["relay"]["cpu_us"];
     let parts: f64 = ["relay", "postgres", "nats"]
         .iter()

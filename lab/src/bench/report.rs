@@ -200,7 +200,7 @@ impl Report {
         if let Some(r) = &self.relay {
             let _ = writeln!(
                 out,
-                "\nrelay, draining {} events with {} sent rows present (events/s)",
+                "\nrelay, draining {} events with {} sent rows present (events/s, first claim to last mark)",
                 r.events, r.history
             );
             for (name, value) in [
@@ -216,6 +216,14 @@ impl Report {
             ] {
                 let _ = writeln!(out, "  {name:<34} {value:>10.0}");
             }
+            let _ = writeln!(
+                out,
+                "  from the processes' start to their exit: one {:.0}, two {:.0} ({:.2}×), best {:.0}",
+                r.wall.one,
+                r.wall.two,
+                r.wall.two / r.wall.one,
+                r.wall.best
+            );
             let c = &r.cpu_us;
             let _ = writeln!(
                 out,
