@@ -422,3 +422,25 @@ pub(crate) fn command(
         .kill_on_drop(true);
     Ok(command)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_early_exit_is_reported_with_the_end_of_the_process_log() {
+        let logs = tempfile::tempdir().expect("a temporary directory");
+        let text: Vec<String> = (1..=30).map(|i| format!("line {i}")).collect();
+        std::fs::write(logs.path().join("order-service.log"), text.join("\n")).expect("write");
+        let report = log_tail(logs.path(), ORDER_SERVICE);
+        assert!(report.contains("order-service.log"), "{report}");
+        let last_twenty = text[10..].join("\n");
+        assert!(report.ends_with(&format!(":\n{last_twenty}")), "{report}");
+        assert!(
+            !report.contains("line 10\n"),
+            "only the last 20 lines: {report}"
+        );
+        // A process that never wrote its log still gets a report.
+        assert!(log_tail(logs.path(), "waybill-relay").contains("waybill-relay.log"));
+    }
+}
