@@ -19,12 +19,10 @@ use crate::projection::Projection;
 /// Why a batch (or a redriven or released message) could not be applied. Nothing of it is committed.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
-    #[error("starting the batch's transaction")]
-    Begin(#[source] sqlx::Error),
     /// The batch's transaction could not be opened with the projection's advisory lock (they travel
-    /// together).
+    /// together in one query).
     #[error("starting the batch's transaction and waiting for the projection's turn")]
-    Lock(#[source] sqlx::Error),
+    Begin(#[source] sqlx::Error),
     #[error("reading checkpoints")]
     ReadCheckpoints(#[source] sqlx::Error),
     /// Held events now due could not be taken out of the held table.

@@ -255,7 +255,7 @@ impl<P: Projection> Runner<P> {
         self.pool
             .begin_with(sqlx::AssertSqlSafe(begin))
             .await
-            .map_err(ApplyError::Lock)
+            .map_err(ApplyError::Begin)
     }
 
     /// Decides and applies a batch in one transaction; returns one verdict per message. Nothing is

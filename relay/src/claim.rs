@@ -79,11 +79,11 @@ pub async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>
 /// Both parts return their columns directly: no second lookup.
 ///
 /// The plan is pinned for the claim's transaction, which [`begin`] opens (`SET LOCAL`): walk
-/// `outbox_due_idx` in order and probe each candidate's predecessor, stopping at `batch_size` heads. When the statistics
-/// say most rows are unsent — a small outbox, or one analyzed during a burst — the planner otherwise
-/// hash-joined the whole table with itself and sorted it to keep 1,000 rows: 0.96 s per claim of a
-/// 100k-row outbox with no history (44 ms pinned), which made an empty outbox drain slower than one
-/// with 1M sent rows. Every statement of a claim is index-driven; nothing in it wants those plans.
+/// `outbox_due_idx` in order and probe each candidate's predecessor, stopping at `batch_size`
+/// heads. When the statistics say most rows are unsent — a small outbox, or one analyzed during a
+/// burst — the planner otherwise hash-joined the whole table with itself and sorted it to keep
+/// 1,000 rows: 0.96 s per claim of a 100k-row outbox with no history (44 ms pinned), which made an
+/// empty outbox drain slower than one with 1M sent rows. Every statement of a claim is index-driven; nothing in it wants those plans.
 ///
 /// With `lane = Some((k, n))` only aggregates of lane `k` of `n` are claimed — the last two bytes of
 /// the aggregate id, modulo `n` (random bits in every UUID v4 or v7). A relay's lanes then never
