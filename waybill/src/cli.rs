@@ -206,8 +206,9 @@ pub struct ServeArgs {
     /// How often at most the service wakes the relays (one `pg_notify` from its own connection,
     /// never inside a command's transaction) after commands wrote events. Shorter: events leave
     /// sooner after their commit; longer: fewer notifications and relay steps under load. Relays
-    /// poll on their own as well, so a lost notification only delays.
-    #[arg(long, env = "WAYBILL_NOTIFY_INTERVAL", default_value = "5ms", value_parser = duration)]
+    /// poll on their own as well, so a lost notification only delays. At most 10s: longer would
+    /// leave the relays to their polling (likely a typo for milliseconds).
+    #[arg(long, env = "WAYBILL_NOTIFY_INTERVAL", default_value = "5ms", value_parser = notify_interval)]
     pub notify_interval: std::time::Duration,
 
     #[command(flatten)]
@@ -300,6 +301,18 @@ impl EdgeArgs {
             max_connections: self.max_connections as usize,
         }
     }
+}
+
+/// A notify interval: a positive duration of at most 10 seconds.
+fn notify_interval(text: &str) -> Result<std::time::Duration, String> {
+    const LONGEST: std::time::Duration = std::time::Duration::from_secs(10);
+    let interval = duration(text)?;
+    if interval > LONGEST {
+        return Err(format!(
+            "at most {LONGEST:?}: relays would wait for their own polling instead"
+        ));
+    }
+    Ok(interval)
 }
 
 /// A positive duration like `10s` or `500ms`.
@@ -472,5 +485,11 @@ mod tests {
         );
         assert!(interval(&["--notify-interval", "0s"]).is_err());
         assert!(interval(&["--notify-interval", "soon"]).is_err());
+        assert!(interval(&["--notify-interval", "10s"]).is_ok());
+        assert!(
+            interval(&["--notify-interval", "11s"]).is_err(),
+            "a typo for ms"
+        );
+        assert!(interval(&["--notify-interval", "100years"]).is_err());
     }
 }
