@@ -334,7 +334,7 @@ async fn forget_journal(pool: &PgPool, claim_id: Uuid) {
 /// deduplicated by JetStream, and skipping them keeps the array comparison off the hot path (live
 /// steps' records are always younger). The cutoff is a subquery so that PostgreSQL compares it first:
 /// written inline it costs more than `&&`, which was then run on every live record of the other relays
-/// — batch × batch id comparisons per step, ~8 % of PostgreSQL's CPU with two relays.
+/// — batch × batch id comparisons per step, up to a tenth of PostgreSQL's CPU in a two-relay drain.
 ///
 /// The record must survive a PostgreSQL crash, so it is committed with a WAL flush: `pool`'s sessions
 /// have `synchronous_commit = on` (the relay's others commit asynchronously). One statement in its
