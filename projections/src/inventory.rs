@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::decode::Decoded;
 use crate::http::{Page, PageParams, Problem, checked};
-use crate::projection::{Projection, parse_status};
+use crate::projection::{Projection, orders_to_load, parse_status};
 
 /// The inventory projection.
 #[derive(Debug, Clone, Copy, Default)]
@@ -143,7 +143,10 @@ async fn load_orders(
     tx: &mut PgConnection,
     events: &[Decoded],
 ) -> sqlx::Result<HashMap<Uuid, OrderLines>> {
-    let ids: Vec<Uuid> = events.iter().map(|e| e.order_id.as_uuid()).collect();
+    let ids = orders_to_load(events);
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
     let rows: Vec<OrderRow> =
         sqlx::query_as("SELECT order_id, status, lines FROM orders WHERE order_id = ANY($1)")
             .bind(&ids)

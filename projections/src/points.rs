@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::decode::Decoded;
 use crate::http::{Page, PageParams, Problem, checked};
-use crate::projection::Projection;
+use crate::projection::{Projection, orders_to_load};
 
 /// Cents per point.
 pub const CENTS_PER_POINT: i64 = 100;
@@ -200,7 +200,10 @@ async fn load_orders(
     tx: &mut PgConnection,
     events: &[Decoded],
 ) -> sqlx::Result<HashMap<Uuid, OrderPoints>> {
-    let ids: Vec<Uuid> = events.iter().map(|e| e.order_id.as_uuid()).collect();
+    let ids = orders_to_load(events);
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
     let rows: Vec<OrderRow> =
         sqlx::query_as("SELECT order_id, customer_id, earned FROM orders WHERE order_id = ANY($1)")
             .bind(&ids)

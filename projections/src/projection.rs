@@ -2,9 +2,12 @@
 //! batch of events. Everything else — consuming, ordering, deduplicating, checkpointing, parking — is
 //! the runner's, shared by all projections.
 
+use std::collections::HashSet;
 use std::future::Future;
 
+use domain::OrderEvent;
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 use crate::decode::Decoded;
 
@@ -25,6 +28,18 @@ pub trait Projection: Send + Sync + 'static {
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
 }
 
+/// The orders of `events` whose stored rows a batch must read: those whose first event in the batch is
+/// not their `order.placed`. A placement starts its order afresh in every projection, so a batch of new
+/// orders reads nothing — a round trip less per batch in the common case.
+pub fn orders_to_load(events: &[Decoded]) -> Vec<Uuid> {
+    let mut seen = HashSet::new();
+    events
+        .iter()
+        .filter(|e| seen.insert(e.order_id.as_uuid()) && !matches!(e.event, OrderEvent::Placed(_)))
+        .map(|e| e.order_id.as_uuid())
+        .collect()
+}
+
 /// The status a projection stored with [`domain::OrderStatus`]'s `Display`, read back. Anything else is
 /// an error: a corrupt row must not turn into a believable status.
 pub fn parse_status(text: &str) -> Result<domain::OrderStatus, sqlx::Error> {
@@ -40,4 +55,64 @@ pub fn parse_status(text: &str) -> Result<domain::OrderStatus, sqlx::Error> {
     .ok_or_else(|| {
         sqlx::Error::Decode(format!("unknown order status {text:?} in the projection").into())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use domain::{OrderId, OrderPaid, OrderPlaced};
+    use serde_json::json;
+
+    use super::*;
+
+    fn event(order: Uuid, version: i64, event: OrderEvent) -> Decoded {
+        Decoded {
+            event_id: Uuid::now_v7(),
+            order_id: OrderId::from_uuid(order),
+            aggregate_version: version,
+            occurred_at: chrono::Utc::now(),
+            event,
+        }
+    }
+
+    fn placed() -> OrderEvent {
+        OrderEvent::Placed(
+            serde_json::from_value::<OrderPlaced>(json!({
+                "customer_id": "c-1", "currency": "EUR", "channel": "web", "total_cents": 500,
+                "lines": [{"sku": "MUG", "quantity": 1, "unit_price_cents": 500}],
+            }))
+            .expect("a valid placement"),
+        )
+    }
+
+    fn paid() -> OrderEvent {
+        OrderEvent::Paid(
+            serde_json::from_value::<OrderPaid>(json!({"amount_cents": 500, "payment_ref": null}))
+                .expect("a valid payment"),
+        )
+    }
+
+    #[test]
+    fn only_orders_that_do_not_start_in_the_batch_are_loaded() {
+        let (new, old, both) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let events = [
+            event(new, 1, placed()),
+            event(old, 2, paid()),
+            event(new, 2, paid()),
+            event(old, 3, paid()),
+            event(both, 5, paid()),
+        ];
+        assert_eq!(orders_to_load(&events), vec![old, both]);
+        assert!(
+            orders_to_load(&[event(new, 1, placed()), event(new, 2, paid())]).is_empty(),
+            "a batch of new orders reads nothing"
+        );
+    }
+
+    #[test]
+    fn an_order_placed_after_other_events_of_it_is_still_loaded() {
+        // Not a valid history, but the projection must then see what it stored, as it always did.
+        let order = Uuid::now_v7();
+        let events = [event(order, 2, paid()), event(order, 3, placed())];
+        assert_eq!(orders_to_load(&events), vec![order]);
+    }
 }

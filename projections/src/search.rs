@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::decode::Decoded;
 use crate::http::{Page, PageParams, Problem, checked};
-use crate::projection::{Projection, parse_status};
+use crate::projection::{Projection, orders_to_load, parse_status};
 
 /// The search projection.
 #[derive(Debug, Clone, Copy, Default)]
@@ -52,8 +52,7 @@ impl Projection for Search {
         CREATE INDEX IF NOT EXISTS orders_document ON orders USING GIN (document);";
 
     async fn apply(&self, tx: &mut PgConnection, events: &[Decoded]) -> sqlx::Result<()> {
-        let ids: Vec<Uuid> = events.iter().map(|e| e.order_id.as_uuid()).collect();
-        let mut documents = load(tx, &ids).await?;
+        let mut documents = load(tx, &orders_to_load(events)).await?;
         let mut changed: Vec<Uuid> = Vec::new();
         for decoded in events {
             let id = decoded.order_id.as_uuid();
@@ -132,6 +131,9 @@ impl TryFrom<DocumentRow> for OrderDocument {
 }
 
 async fn load(tx: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<HashMap<Uuid, OrderDocument>> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
     let rows: Vec<DocumentRow> = sqlx::query_as(
         "SELECT order_id, customer_id, skus, status, total_cents, currency FROM orders WHERE order_id = ANY($1)",
     )
