@@ -347,27 +347,28 @@ async fn journal(
     outbox_ids: &[i64],
     window: std::time::Duration,
 ) -> sqlx::Result<HashMap<i64, DateTime<Utc>>> {
-    let rows: Vec<EarlierPublish> = sqlx::query_as(
-        "WITH recorded AS (
-            INSERT INTO outbox_inflight (claim_id, relay, outbox_ids) VALUES ($1, $2, $3)
-        )
-        SELECT r.id AS outbox_id, min(j.started_at) AS started_at
-        FROM outbox_inflight j CROSS JOIN LATERAL unnest(j.outbox_ids) AS r(id)
-        WHERE j.started_at < (SELECT now() - $4 * interval '1 second')
-          AND j.outbox_ids && $3 AND r.id = ANY($3)
-        GROUP BY r.id",
-    )
-    .bind(claim_id)
-    .bind(relay_id)
-    .bind(outbox_ids)
-    .bind(window.as_secs_f64())
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<EarlierPublish> = sqlx::query_as(JOURNAL)
+        .bind(claim_id)
+        .bind(relay_id)
+        .bind(outbox_ids)
+        .bind(window.as_secs_f64())
+        .fetch_all(pool)
+        .await?;
     Ok(rows
         .into_iter()
         .map(|row| (row.outbox_id, row.started_at))
         .collect())
 }
+
+/// The statement of [`journal`].
+const JOURNAL: &str = "WITH recorded AS (
+        INSERT INTO outbox_inflight (claim_id, relay, outbox_ids) VALUES ($1, $2, $3)
+    )
+    SELECT r.id AS outbox_id, min(j.started_at) AS started_at
+    FROM outbox_inflight j CROSS JOIN LATERAL unnest(j.outbox_ids) AS r(id)
+    WHERE j.started_at < (SELECT now() - $4 * interval '1 second')
+      AND j.outbox_ids && $3 AND r.id = ANY($3)
+    GROUP BY r.id";
 
 /// A row of this batch that an unsettled step, started longer ago than the dedupe window, may have
 /// published.
@@ -376,4 +377,38 @@ struct EarlierPublish {
     outbox_id: i64,
     /// When the earliest such step started.
     started_at: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::PgPool;
+    use uuid::Uuid;
+
+    use super::JOURNAL;
+
+    /// Every step searches the journal while the other lanes' and relays' records of their live steps
+    /// (young, each with a batch of ids) are in it: their age must be tested before their ids.
+    #[sqlx::test(migrator = "store::MIGRATOR")]
+    async fn the_journal_tests_a_records_age_before_its_ids(pool: PgPool) {
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (VERBOSE, COSTS OFF) {JOURNAL}"
+        )))
+        .bind(Uuid::now_v7())
+        .bind("test")
+        .bind(vec![1_i64, 2, 3])
+        .bind(120.0_f64)
+        .fetch_all(&pool)
+        .await
+        .expect("explain the journal");
+        let filter = plan
+            .iter()
+            .skip_while(|line| !line.contains("Scan on public.outbox_inflight j"))
+            .find(|line| line.contains("Filter:"))
+            .unwrap_or_else(|| panic!("no filter on the journal's records in {plan:#?}"));
+        let (age, ids) = (filter.find("started_at"), filter.find("&&"));
+        assert!(
+            matches!((age, ids), (Some(age), Some(ids)) if age < ids),
+            "the records' ids are compared before their age: {filter}"
+        );
+    }
 }
