@@ -93,15 +93,15 @@ mod tests {
 
     #[test]
     fn only_orders_that_do_not_start_in_the_batch_are_loaded() {
-        let (new, old, both) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let (new, old, later) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
         let events = [
             event(new, 1, placed()),
             event(old, 2, paid()),
             event(new, 2, paid()),
             event(old, 3, paid()),
-            event(both, 5, paid()),
+            event(later, 5, paid()),
         ];
-        assert_eq!(orders_to_load(&events), vec![old, both]);
+        assert_eq!(orders_to_load(&events), vec![old, later]);
         assert!(
             orders_to_load(&[event(new, 1, placed()), event(new, 2, paid())]).is_empty(),
             "a batch of new orders reads nothing"
