@@ -204,9 +204,12 @@ async fn nats_going_away_mid_batch_loses_nothing(pool: PgPool) {
         .expect("task")
         .expect("the step settles despite the outage");
     assert!(report.published >= 100, "{report:?}");
+    // What was in flight when the broker went fails; a chain that saw the client disconnected first
+    // does not publish at all. Which of the two the outage hits depends on its moment (a CI run saw
+    // every PubAck in flight answered and the rest not attempted), but the step leaves rows behind.
     assert!(
-        report.failed > 0,
-        "publishes after the outage fail: {report:?}"
+        report.failed + report.not_attempted > 0,
+        "the step ends with the rows it could not publish left for later: {report:?}"
     );
     assert_eq!(
         report.published + report.failed + report.held_back + report.not_attempted,
