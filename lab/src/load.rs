@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::StreamExt;
 use serde_json::json;
-use store::{EventStore, OutboxNotifier};
+use store::{EventStore, GroupCommit, OutboxNotifier};
 
 use crate::demo::scenario::{Api, Played, play_one};
 
@@ -49,6 +49,7 @@ pub async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
                 .await
                 .context("connecting to PostgreSQL")?;
             let store = EventStore::new(pool.clone())
+                .with_group_commit(GroupCommit::spawn(pool.clone(), 2))
                 .with_notifier(OutboxNotifier::spawn(pool, Duration::from_millis(5)));
             let mut watcher = stop.subscribe();
             let address = ops::serve(

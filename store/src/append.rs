@@ -7,6 +7,8 @@ use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::group_commit::GroupCommit;
+
 /// Extra facts recorded with an append.
 #[derive(Debug, Clone, Default)]
 pub struct AppendOptions {
@@ -65,10 +67,32 @@ pub async fn append(
     events: &[EventEnvelope],
     options: &AppendOptions,
 ) -> Result<AppendResult, AppendError> {
+    append_with(pool, None, aggregate_id, expected_version, events, options).await
+}
+
+/// [`append`], through `group` when it is given and the append has no idempotency key (the key's
+/// record needs a transaction of its own, rolled back with the events when they are refused).
+pub(crate) async fn append_with(
+    pool: &PgPool,
+    group: Option<&GroupCommit>,
+    aggregate_id: Uuid,
+    expected_version: i64,
+    events: &[EventEnvelope],
+    options: &AppendOptions,
+) -> Result<AppendResult, AppendError> {
     check_batch(aggregate_id, expected_version, events)?;
-    let written = match &options.idempotency {
-        None => insert_events(pool, aggregate_id, expected_version, events, options).await,
-        Some((key, request)) => {
+    let traceparent = options.traceparent.as_deref();
+    let written = match (&options.idempotency, group) {
+        (None, Some(group)) => {
+            group
+                .insert(aggregate_id, expected_version, events, traceparent)
+                .await
+        }
+        (None, None) => {
+            let part = Part::new(expected_version, events, traceparent);
+            insert_events(pool, &[part]).await.map(|w| w.len() as u64)
+        }
+        (Some((key, request)), _) => {
             let mut tx = pool.begin().await?;
             record_key(
                 &mut tx,
@@ -79,8 +103,10 @@ pub async fn append(
                 events,
             )
             .await?;
-            let written =
-                insert_events(&mut *tx, aggregate_id, expected_version, events, options).await;
+            let part = Part::new(expected_version, events, traceparent);
+            let written = insert_events(&mut *tx, &[part])
+                .await
+                .map(|w| w.len() as u64);
             if matches!(written, Ok(n) if n == events.len() as u64) {
                 tx.commit().await?;
             }
@@ -125,28 +151,59 @@ fn check_batch(
     Ok(())
 }
 
-/// Inserts the events and, in the same statement, their outbox rows. Returns how many events it wrote:
-/// all of them, or none when the aggregate is not at `expected_version`.
-async fn insert_events(
+/// One aggregate's checked run of events, with what the statement writes beside them.
+pub(crate) struct Part<'a> {
+    /// The version the run continues from; 0 for a new aggregate.
+    pub expected_version: i64,
+    pub events: &'a [EventEnvelope],
+    pub traceparent: Option<&'a str>,
+}
+
+impl<'a> Part<'a> {
+    pub fn new(
+        expected_version: i64,
+        events: &'a [EventEnvelope],
+        traceparent: Option<&'a str>,
+    ) -> Self {
+        Self {
+            expected_version,
+            events,
+            traceparent,
+        }
+    }
+}
+
+/// Inserts the events of every part and, in the same statement, their outbox rows. Returns the
+/// aggregate of every event written: a part is written whole, or not at all when its aggregate is not
+/// at its expected version. The parts must be of different aggregates (one unique-key violation fails
+/// them all).
+pub(crate) async fn insert_events(
     db: impl sqlx::PgExecutor<'_>,
-    aggregate_id: Uuid,
-    expected_version: i64,
-    events: &[EventEnvelope],
-    options: &AppendOptions,
-) -> sqlx::Result<u64> {
-    // One statement, one round trip: a data-modifying CTE writes the events and their outbox rows
-    // (with the message body the relay will publish). The WHERE guard refuses a batch whose expected
-    // version does not exist yet (which would leave a gap); the unique (aggregate_id,
-    // aggregate_version) refuses one that is already taken.
-    let done = sqlx::query(
+    parts: &[Part<'_>],
+) -> sqlx::Result<Vec<Uuid>> {
+    // One statement, one round trip, however many aggregates: PostgreSQL's fixed cost per statement
+    // and commit is several times the cost of a row (DESIGN.md, platform facts), so group commit puts
+    // many commands' events in one. A data-modifying CTE writes the events and their outbox rows (with
+    // the message body the relay will publish). The guard refuses a part whose expected version does
+    // not exist yet (which would leave a gap); the unique (aggregate_id, aggregate_version) refuses
+    // one that is already taken.
+    let rows = || {
+        parts
+            .iter()
+            .flat_map(|p| p.events.iter().map(move |e| (p, e)))
+    };
+    sqlx::query_scalar(
         "WITH input AS (
             SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::uuid[],
                                  $6::int8[], $7::timestamptz[], $8::uuid[], $9::uuid[], $10::jsonb[],
-                                 $14::text[])
+                                 $11::text[], $12::int8[], $13::text[])
                 AS t(event_id, event_type, event_version, aggregate_type, aggregate_id,
-                     aggregate_version, occurred_at, correlation_id, causation_id, payload, body)
-            WHERE $11::int8 = 0
-               OR EXISTS (SELECT 1 FROM events WHERE aggregate_id = $12 AND aggregate_version = $11)
+                     aggregate_version, occurred_at, correlation_id, causation_id, payload, body,
+                     expected_version, traceparent)
+            WHERE t.expected_version = 0
+               OR EXISTS (SELECT 1 FROM events e
+                          WHERE e.aggregate_id = t.aggregate_id
+                            AND e.aggregate_version = t.expected_version)
         ),
         new_events AS (
             INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
@@ -159,26 +216,25 @@ async fn insert_events(
         INSERT INTO outbox (event_id, event_type, event_version, aggregate_type, aggregate_id,
                             aggregate_version, body, traceparent)
         SELECT i.event_id, i.event_type, i.event_version, i.aggregate_type, i.aggregate_id,
-               i.aggregate_version, i.body, $13
-        FROM input i JOIN new_events USING (event_id)",
+               i.aggregate_version, i.body, i.traceparent
+        FROM input i JOIN new_events USING (event_id)
+        RETURNING aggregate_id",
     )
-    .bind(events.iter().map(|e| e.event_id).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.event_version).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.aggregate_type.as_str()).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.aggregate_id).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.aggregate_version).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.occurred_at).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.correlation_id).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.causation_id).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| &e.payload).collect::<Vec<_>>())
-    .bind(expected_version)
-    .bind(aggregate_id)
-    .bind(options.traceparent.as_deref())
-    .bind(events.iter().map(EventEnvelope::to_json_string).collect::<Vec<_>>())
-    .execute(db)
-    .await?;
-    Ok(done.rows_affected())
+    .bind(rows().map(|(_, e)| e.event_id).collect::<Vec<_>>())
+    .bind(rows().map(|(_, e)| e.event_type.as_str()).collect::<Vec<_>>())
+    .bind(rows().map(|(_, e)| e.event_version).collect::<Vec<_>>())
+    .bind(rows().map(|(_, e)| e.aggregate_type.as_str()).collect::<Vec<_>>())
+    .bind(rows().map(|(_, e)| e.aggregate_id).collect::<Vec<_>>())
+    .bind(rows().map(|(_, e)| e.aggregate_version).collect::<Vec<_>>())
+    .bind(rows().map(|(_, e)| e.occurred_at).collect::<Vec<_>>())
+    .bind(rows().map(|(_, e)| e.correlation_id).collect::<Vec<_>>())
+    .bind(rows().map(|(_, e)| e.causation_id).collect::<Vec<_>>())
+    .bind(rows().map(|(_, e)| &e.payload).collect::<Vec<_>>())
+    .bind(rows().map(|(_, e)| e.to_json_string()).collect::<Vec<_>>())
+    .bind(rows().map(|(p, _)| p.expected_version).collect::<Vec<_>>())
+    .bind(rows().map(|(p, _)| p.traceparent).collect::<Vec<_>>())
+    .fetch_all(db)
+    .await
 }
 
 async fn record_key(

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::append::{AppendError, AppendOptions, append};
+use crate::append::{AppendError, AppendOptions, append_with};
+use crate::group_commit::GroupCommit;
 use crate::load::{LoadError, load_order};
 use crate::notify::OutboxNotifier;
 
@@ -120,6 +121,7 @@ pub struct EventStore {
     pool: PgPool,
     upcasters: Arc<Upcasters>,
     notifier: Option<OutboxNotifier>,
+    group: Option<GroupCommit>,
     writes: Arc<WriteVersions>,
 }
 
@@ -130,6 +132,7 @@ impl EventStore {
             pool,
             upcasters: Arc::new(Upcasters::orders()),
             notifier: None,
+            group: None,
             writes: Arc::new(WriteVersions::default()),
         }
     }
@@ -144,6 +147,13 @@ impl EventStore {
     /// Pokes `notifier` after every successful append, so relays wake without polling.
     pub fn with_notifier(mut self, notifier: OutboxNotifier) -> Self {
         self.notifier = Some(notifier);
+        self
+    }
+
+    /// Writes appends without an idempotency key through `group`, several commands to a statement
+    /// when they arrive together (see [`GroupCommit`]).
+    pub fn with_group_commit(mut self, group: GroupCommit) -> Self {
+        self.group = Some(group);
         self
     }
 
@@ -248,8 +258,9 @@ impl EventStore {
                     .map(|k| (k, request.clone())),
                 traceparent: context.traceparent.clone(),
             };
-            match append(
+            match append_with(
                 &self.pool,
+                self.group.as_ref(),
                 order_id.as_uuid(),
                 order.version,
                 &envelopes,

@@ -6,6 +6,7 @@
 mod append;
 mod commands;
 mod database;
+mod group_commit;
 mod load;
 mod notify;
 pub mod roles;
@@ -13,6 +14,7 @@ pub mod roles;
 pub use append::{AppendError, AppendOptions, AppendResult, append};
 pub use commands::{CommandContext, CommandError, CommandOutcome, EventStore};
 pub use database::migrate;
+pub use group_commit::GroupCommit;
 pub use load::{EnvelopeRow, LoadError, load_envelopes, load_order};
 pub use notify::{OUTBOX_CHANNEL, OutboxNotifier, notify_now};
 

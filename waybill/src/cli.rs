@@ -211,6 +211,14 @@ pub struct ServeArgs {
     #[arg(long, env = "WAYBILL_NOTIFY_INTERVAL", default_value = "5ms", value_parser = notify_interval)]
     pub notify_interval: std::time::Duration,
 
+    /// Group commit's writer tasks: commands of different orders that arrive together are written by
+    /// one statement and one commit, several times cheaper for PostgreSQL per command under load; a
+    /// command that finds no other waiting is written at once. More writers: more statements at once,
+    /// smaller groups. 0 writes every command alone. Commands with an Idempotency-Key are always
+    /// written alone (the key's record shares their transaction).
+    #[arg(long, env = "WAYBILL_GROUP_COMMIT_WRITERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub group_commit_writers: u16,
+
     #[command(flatten)]
     pub edge: EdgeArgs,
 

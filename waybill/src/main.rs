@@ -129,9 +129,13 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
     if !writes.is_empty() {
         tracing::info!(write_versions = %writes, "writing older payload versions (expand phase)");
     }
-    let store = EventStore::new(pool.clone())
+    let mut store = EventStore::new(pool.clone())
         .with_notifier(notifier)
         .with_write_versions(writes);
+    if args.group_commit_writers > 0 {
+        let writers = usize::from(args.group_commit_writers);
+        store = store.with_group_commit(store::GroupCommit::spawn(pool.clone(), writers));
+    }
     let metrics = ops::install_metrics_recorder()?;
     let health: ops::HealthCheck = std::sync::Arc::new(move || {
         let pool = pool.clone();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use projections::{Inventory, Points, Projection, Runner, RunnerConfig, Search};
 use relay::{FailPoint, Relay, RelayConfig, StreamSettings};
-use store::{EventStore, OutboxNotifier};
+use store::{EventStore, GroupCommit, OutboxNotifier};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -87,6 +87,7 @@ impl Fleet {
         let mut tasks = Vec::new();
         let pool = ops::database::connect(&wiring.database_url, "waybill-demo-api", 8).await?;
         let store = EventStore::new(pool.clone())
+            .with_group_commit(GroupCommit::spawn(pool.clone(), 2))
             .with_notifier(OutboxNotifier::spawn(pool, Duration::from_millis(5)));
         let telemetry = ops::telemetry_routes(
             ops::install_metrics_recorder()?,

@@ -1,0 +1,157 @@
+//! Group commit against a real PostgreSQL: commands that arrive together share a statement and a
+//! commit, and every caller still gets the answer it would have had alone — written, conflicting or
+//! refused — when two of the group are for one order or another writer took a version under it.
+
+use domain::{
+    CancelOrder, Currency, CustomerId, Note, OrderCommand, OrderError, OrderId, OrderLine,
+    OrderStatus, PlaceOrder,
+};
+use futures::future::join_all;
+use sqlx::PgPool;
+use store::{CommandContext, CommandError, EventStore, GroupCommit};
+use uuid::Uuid;
+
+fn place_command() -> OrderCommand {
+    OrderCommand::Place(PlaceOrder {
+        customer_id: CustomerId::parse("alice").expect("customer"),
+        currency: Currency::parse("EUR").expect("currency"),
+        channel: domain::Channel::Web,
+        lines: vec![OrderLine::parse("MUG-BLUE:2:1250").expect("line")],
+    })
+}
+
+fn cancel_command() -> OrderCommand {
+    OrderCommand::Cancel(CancelOrder {
+        reason: Note::parse("test").expect("reason"),
+    })
+}
+
+fn grouped(pool: &PgPool) -> EventStore {
+    EventStore::new(pool.clone()).with_group_commit(GroupCommit::spawn(pool.clone(), 2))
+}
+
+async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .expect("query")
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn orders_placed_together_share_commits_and_each_is_answered(pool: PgPool) {
+    let store = grouped(&pool);
+    let ids: Vec<OrderId> = (0..200)
+        .map(|_| OrderId::from_uuid(Uuid::now_v7()))
+        .collect();
+    let results = join_all(ids.iter().map(|&id| {
+        let store = store.clone();
+        async move {
+            store
+                .execute(id, &place_command(), &CommandContext::default())
+                .await
+        }
+    }))
+    .await;
+
+    for (id, result) in ids.iter().zip(&results) {
+        let outcome = result.as_ref().expect("placed");
+        assert_eq!((outcome.order_id, outcome.aggregate_version), (*id, 1));
+        let stored: Vec<Uuid> =
+            sqlx::query_scalar("SELECT event_id FROM outbox WHERE aggregate_id = $1")
+                .bind(id.as_uuid())
+                .fetch_all(&pool)
+                .await
+                .expect("outbox");
+        assert_eq!(stored, outcome.event_ids, "each answer names its own event");
+    }
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM events").await, 200);
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, 200);
+    // Rows written by one transaction share its id: far fewer transactions than commands.
+    let transactions = scalar(&pool, "SELECT count(DISTINCT xmin::text) FROM events").await;
+    assert!(
+        transactions < 50,
+        "200 commands arriving together took {transactions} transactions"
+    );
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn racing_commands_on_one_order_in_one_group_are_decided_again(pool: PgPool) {
+    // Four cancels of one order arrive together: the group writes one, the other three wait for it,
+    // conflict, are decided again against the cancelled order, and are refused.
+    let store = grouped(&pool);
+    let id = OrderId::from_uuid(Uuid::now_v7());
+    store
+        .execute(id, &place_command(), &CommandContext::default())
+        .await
+        .expect("place");
+    let results = join_all((0..4).map(|_| {
+        let store = store.clone();
+        async move {
+            store
+                .execute(id, &cancel_command(), &CommandContext::default())
+                .await
+        }
+    }))
+    .await;
+    assert_eq!(
+        results.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "{results:?}"
+    );
+    for err in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            matches!(
+                err,
+                CommandError::Refused(OrderError::IllegalTransition { .. })
+            ),
+            "{err}"
+        );
+    }
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM events").await, 2);
+    assert_eq!(
+        store.load(id).await.expect("load").status,
+        OrderStatus::Cancelled
+    );
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_group_that_collides_with_another_writer_answers_each_command_alone(pool: PgPool) {
+    // Another writer (no group commit) placed `taken` already; a group that places it again with
+    // twenty new orders fails on the unique version as a whole, and is written one by one: twenty
+    // orders placed, the twenty-first refused, nothing else changed.
+    let taken = OrderId::from_uuid(Uuid::now_v7());
+    EventStore::new(pool.clone())
+        .execute(taken, &place_command(), &CommandContext::default())
+        .await
+        .expect("place");
+    let store = grouped(&pool);
+    let mut ids: Vec<OrderId> = (0..20)
+        .map(|_| OrderId::from_uuid(Uuid::now_v7()))
+        .collect();
+    ids.insert(10, taken);
+    let results = join_all(ids.iter().map(|&id| {
+        let store = store.clone();
+        async move {
+            store
+                .execute(id, &place_command(), &CommandContext::default())
+                .await
+        }
+    }))
+    .await;
+
+    for (id, result) in ids.iter().zip(&results) {
+        if *id == taken {
+            assert!(
+                matches!(
+                    result,
+                    Err(CommandError::Refused(OrderError::AlreadyPlaced(_)))
+                ),
+                "{result:?}"
+            );
+        } else {
+            assert_eq!(result.as_ref().expect("placed").aggregate_version, 1);
+        }
+    }
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM events").await, 21);
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, 21);
+}
