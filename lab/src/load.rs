@@ -49,7 +49,10 @@ pub async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
                 .await
                 .context("connecting to PostgreSQL")?;
             let store = EventStore::new(pool.clone())
-                .with_group_commit(GroupCommit::spawn(pool.clone(), 2))
+                .with_group_commit(GroupCommit::spawn(
+                    pool.clone(),
+                    GroupCommit::DEFAULT_WRITERS.into(),
+                ))
                 .with_notifier(OutboxNotifier::spawn(pool, Duration::from_millis(5)));
             let mut watcher = stop.subscribe();
             let address = ops::serve(

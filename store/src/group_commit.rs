@@ -50,6 +50,10 @@ impl Pending {
 }
 
 impl GroupCommit {
+    /// Writer tasks unless told otherwise (`waybill serve --group-commit-writers`): two statements in
+    /// flight at once; the only value measured so far (on two cores, README "Benchmarks").
+    pub const DEFAULT_WRITERS: u16 = 2;
+
     /// Starts `writers` writer tasks on `pool` (at least one). More writers: more statements in
     /// flight at once and smaller groups; fewer: bigger groups, cheaper for the database.
     pub fn spawn(pool: PgPool, writers: usize) -> Self {

@@ -216,7 +216,7 @@ pub struct ServeArgs {
     /// command that finds no other waiting is written at once. More writers: more statements at once,
     /// smaller groups. 0 writes every command alone. Commands with an Idempotency-Key are always
     /// written alone (the key's record shares their transaction).
-    #[arg(long, env = "WAYBILL_GROUP_COMMIT_WRITERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
+    #[arg(long, env = "WAYBILL_GROUP_COMMIT_WRITERS", default_value_t = store::GroupCommit::DEFAULT_WRITERS, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub group_commit_writers: u16,
 
     #[command(flatten)]

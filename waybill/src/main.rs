@@ -129,6 +129,8 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
     if !writes.is_empty() {
         tracing::info!(write_versions = %writes, "writing older payload versions (expand phase)");
     }
+    // Before anything describes its metrics: descriptions given to no recorder are lost.
+    let metrics = ops::install_metrics_recorder()?;
     let mut store = EventStore::new(pool.clone())
         .with_notifier(notifier)
         .with_write_versions(writes);
@@ -136,7 +138,6 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
         let writers = usize::from(args.group_commit_writers);
         store = store.with_group_commit(store::GroupCommit::spawn(pool.clone(), writers));
     }
-    let metrics = ops::install_metrics_recorder()?;
     let health: ops::HealthCheck = std::sync::Arc::new(move || {
         let pool = pool.clone();
         Box::pin(async move {

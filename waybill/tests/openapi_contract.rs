@@ -670,8 +670,13 @@ async fn every_response_the_service_sends_is_documented(pool: PgPool) {
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn every_metric_family_of_the_service_has_help_text(pool: PgPool) {
     let s = Service::start(&pool, &[]).await;
-    // One request, so that the HTTP families have a series to show.
+    // One request, so that the HTTP families have a series to show, and one order, written through
+    // group commit, so that its families have one too.
     s.get("/openapi.json").send().await.expect("get");
+    let order = json!({"customer_id": "alice", "currency": "EUR",
+                       "lines": [{"sku": "MUG-BLUE", "quantity": 1, "unit_price_cents": 1250}]});
+    let placed = s.post("/orders").json(&order).send().await.expect("place");
+    assert_eq!(placed.status(), 201);
     let text = s
         .client
         .get(format!("{}/metrics", s.metrics))
@@ -689,6 +694,7 @@ async fn every_metric_family_of_the_service_has_help_text(pool: PgPool) {
     for family in [
         "waybill_http_requests_total",
         "waybill_http_request_seconds",
+        "waybill_group_commit_appends",
     ] {
         assert!(
             families.contains(&family),

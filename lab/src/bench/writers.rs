@@ -1,5 +1,5 @@
 //! The command side: orders placed per second through the event store at 1, 4 and 16 concurrent
-//! writers, beside a plain two-row transaction (one `events` row, one `outbox` row) on the same pool,
+//! writers — with group commit, as `waybill serve` writes — beside a plain two-row transaction (one `events` row, one `outbox` row) on the same pool,
 //! alternating which goes first round by round so that a drift in machine load favours neither. The
 //! ratio is the figure; absolute rates depend on the machine.
 
@@ -11,7 +11,7 @@ use domain::{Currency, CustomerId, OrderCommand, OrderId, OrderLine, PlaceOrder}
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
-use store::{CommandContext, EventStore};
+use store::{CommandContext, EventStore, GroupCommit};
 use testkit::stats::{median, percentiles};
 use uuid::Uuid;
 
@@ -119,7 +119,10 @@ async fn run_writers(
     duration: Duration,
 ) -> anyhow::Result<Sample> {
     let stop = Arc::new(AtomicBool::new(false));
-    let store = EventStore::new(pool.clone());
+    let store = EventStore::new(pool.clone()).with_group_commit(GroupCommit::spawn(
+        pool.clone(),
+        GroupCommit::DEFAULT_WRITERS.into(),
+    ));
     let command = OrderCommand::Place(PlaceOrder {
         customer_id: CustomerId::parse("bench")?,
         currency: Currency::parse("EUR")?,

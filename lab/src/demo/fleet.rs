@@ -87,7 +87,10 @@ impl Fleet {
         let mut tasks = Vec::new();
         let pool = ops::database::connect(&wiring.database_url, "waybill-demo-api", 8).await?;
         let store = EventStore::new(pool.clone())
-            .with_group_commit(GroupCommit::spawn(pool.clone(), 2))
+            .with_group_commit(GroupCommit::spawn(
+                pool.clone(),
+                GroupCommit::DEFAULT_WRITERS.into(),
+            ))
             .with_notifier(OutboxNotifier::spawn(pool, Duration::from_millis(5)));
         let telemetry = ops::telemetry_routes(
             ops::install_metrics_recorder()?,
