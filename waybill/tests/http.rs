@@ -805,3 +805,60 @@ async fn the_edge_limits_are_flags(pool: PgPool) {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("longer than zero"));
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_writer_frozen_mid_transaction_stalls_only_its_own_orders(pool: PgPool) {
+    // Another writer froze with version 2 of two orders written and not committed. Paying either waits
+    // for it; both of group commit's writer tasks are then waiting. The lock timeout gives up on them
+    // (500, retry later; nothing written) so that a new order is still served.
+    let s = Service::start(&pool).await;
+    let line = json!([{"sku": "MUG", "quantity": 1, "unit_price_cents": 900}]);
+    let (first, _) = s.place(line.clone()).await;
+    let (second, _) = s.place(line.clone()).await;
+    let mut frozen = pool.begin().await.expect("begin");
+    for id in [&first, &second] {
+        sqlx::query(
+            "INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
+                                 aggregate_version, occurred_at, payload)
+             VALUES (gen_random_uuid(), 'order.cancelled', 1, 'order', $1::uuid, 2, now(), '{}')",
+        )
+        .bind(id)
+        .execute(&mut *frozen)
+        .await
+        .expect("the frozen writer's row");
+    }
+    let pay = |id: String| {
+        let (client, url) = (s.client.clone(), s.url(&format!("/orders/{id}/pay")));
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&json!({"amount_cents": 900}))
+                .send()
+                .await
+                .expect("pay")
+                .status()
+        })
+    };
+    let payments = [pay(first), pay(second)];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let placed = tokio::time::timeout(
+        Duration::from_secs(20),
+        s.post(
+            "/orders",
+            json!({"customer_id": "bob", "currency": "EUR", "lines": line}),
+        ),
+    )
+    .await
+    .expect("a new order is not held behind the frozen writer");
+    assert_eq!(placed.status(), StatusCode::CREATED);
+    for payment in payments {
+        let status = tokio::time::timeout(Duration::from_secs(30), payment)
+            .await
+            .expect("the payments give up")
+            .expect("task");
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    frozen.rollback().await.expect("rollback");
+    assert_eq!(events(&pool).await, 3, "the payments wrote nothing");
+}
