@@ -30,6 +30,19 @@ fn grouped(pool: &PgPool) -> EventStore {
     EventStore::new(pool.clone()).with_group_commit(GroupCommit::spawn(pool.clone(), 2))
 }
 
+/// Runs `command` on every order at once through `store`; the answers in the orders' order.
+async fn run_all(
+    store: &EventStore,
+    ids: &[OrderId],
+    command: &OrderCommand,
+) -> Vec<Result<store::CommandOutcome, CommandError>> {
+    join_all(ids.iter().map(|&id| {
+        let store = store.clone();
+        async move { store.execute(id, command, &CommandContext::default()).await }
+    }))
+    .await
+}
+
 async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql)
         .fetch_one(pool)
@@ -43,15 +56,7 @@ async fn orders_placed_together_share_commits_and_each_is_answered(pool: PgPool)
     let ids: Vec<OrderId> = (0..200)
         .map(|_| OrderId::from_uuid(Uuid::now_v7()))
         .collect();
-    let results = join_all(ids.iter().map(|&id| {
-        let store = store.clone();
-        async move {
-            store
-                .execute(id, &place_command(), &CommandContext::default())
-                .await
-        }
-    }))
-    .await;
+    let results = run_all(&store, &ids, &place_command()).await;
 
     for (id, result) in ids.iter().zip(&results) {
         let outcome = result.as_ref().expect("placed");
@@ -84,29 +89,18 @@ async fn racing_commands_on_one_order_in_one_group_are_decided_again(pool: PgPoo
         .execute(id, &place_command(), &CommandContext::default())
         .await
         .expect("place");
-    let results = join_all((0..4).map(|_| {
-        let store = store.clone();
-        async move {
-            store
-                .execute(id, &cancel_command(), &CommandContext::default())
-                .await
-        }
-    }))
-    .await;
-    assert_eq!(
+    let results = run_all(&store, &[id; 4], &cancel_command()).await;
+    let refused = |r: &Result<_, CommandError>| {
+        matches!(
+            r,
+            Err(CommandError::Refused(OrderError::IllegalTransition { .. }))
+        )
+    };
+    let (won, lost) = (
         results.iter().filter(|r| r.is_ok()).count(),
-        1,
-        "{results:?}"
+        results.iter().filter(|r| refused(r)).count(),
     );
-    for err in results.iter().filter_map(|r| r.as_ref().err()) {
-        assert!(
-            matches!(
-                err,
-                CommandError::Refused(OrderError::IllegalTransition { .. })
-            ),
-            "{err}"
-        );
-    }
+    assert_eq!((won, lost), (1, 3), "{results:?}");
     assert_eq!(scalar(&pool, "SELECT count(*) FROM events").await, 2);
     assert_eq!(
         store.load(id).await.expect("load").status,
@@ -129,15 +123,7 @@ async fn a_group_that_collides_with_another_writer_answers_each_command_alone(po
         .map(|_| OrderId::from_uuid(Uuid::now_v7()))
         .collect();
     ids.insert(10, taken);
-    let results = join_all(ids.iter().map(|&id| {
-        let store = store.clone();
-        async move {
-            store
-                .execute(id, &place_command(), &CommandContext::default())
-                .await
-        }
-    }))
-    .await;
+    let results = run_all(&store, &ids, &place_command()).await;
 
     for (id, result) in ids.iter().zip(&results) {
         if *id == taken {
