@@ -245,7 +245,8 @@ async fn record_key(
     expected_version: i64,
     events: &[EventEnvelope],
 ) -> Result<(), AppendError> {
-    // A concurrent request with the same key blocks here until the first commits, then finds the key.
+    // A concurrent request with the same key blocks here until the first commits, then finds the key
+    // (or, past the session's `lock_timeout` — 2 s in `waybill serve` — fails and may be retried).
     let inserted = sqlx::query(
         "INSERT INTO command_idempotency
              (idempotency_key, request, aggregate_id, aggregate_version, event_ids)

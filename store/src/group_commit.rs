@@ -112,51 +112,100 @@ async fn next_group(waiting: &Mutex<mpsc::Receiver<Pending>>) -> Option<Vec<Pend
 
 /// Writes a group in one statement, or each append alone when that fails. A second append of an
 /// aggregate already in the group waits for the group: both were decided against the same state, so
-/// it is refused as a conflict after the first commits, as it would have been alone.
+/// it is refused as a conflict after the first commits, as it would have been alone. A caller that
+/// has gone (its request timed out) is not written: it was told nothing.
 async fn write_group(pool: &PgPool, group: Vec<Pending>) {
     let mut seen = HashSet::with_capacity(group.len());
-    let (together, after): (Vec<Pending>, Vec<Pending>) = group
+    let (mut together, after): (Vec<Pending>, Vec<Pending>) = group
         .into_iter()
+        .filter(|pending| !pending.done.is_closed())
         .partition(|pending| seen.insert(pending.aggregate_id));
+    // Every group inserts its keys in the same order, so two groups waiting on each other's
+    // uncommitted rows queue up instead of deadlocking.
+    together.sort_by_key(|pending| pending.aggregate_id);
     metrics::histogram!("waybill_group_commit_appends").record(together.len() as f64);
-    if together.len() == 1 {
+    if together.len() <= 1 {
         write_alone(pool, together).await;
     } else {
         let parts: Vec<Part<'_>> = together.iter().map(Pending::part).collect();
-        match insert_events(pool, &parts).await {
-            Ok(written) => {
-                drop(parts);
-                metrics::counter!("waybill_group_commit_groups_total", "outcome" => "committed")
-                    .increment(1);
-                for pending in together {
-                    let n = written
-                        .iter()
-                        .filter(|&&id| id == pending.aggregate_id)
-                        .count();
-                    let _ = pending.done.send(Ok(n as u64));
-                }
-            }
-            Err(error) => {
-                drop(parts);
-                // Expected now and then (a version taken by another process); each append alone
-                // finds out which it was and answers with its own error.
-                tracing::debug!(%error, appends = together.len(), "group commit failed; writing each append alone");
+        let written = insert_events(pool, &parts).await;
+        drop(parts);
+        match written {
+            Ok(written) => answer(together, &written),
+            // The server refused the statement, so it wrote nothing. Expected now and then (a
+            // version taken by another process, a lock waited on too long): each append alone
+            // finds out which it was and answers for itself.
+            Err(sqlx::Error::Database(error)) => {
+                tracing::debug!(%error, appends = together.len(), "group commit refused; writing each append alone");
                 metrics::counter!("waybill_group_commit_groups_total", "outcome" => "split")
                     .increment(1);
                 write_alone(pool, together).await;
             }
+            // No answer: the statement may have committed before the connection broke, or never
+            // run. Its rows say which.
+            Err(error) => settle_unanswered(pool, together, error).await,
         }
     }
     write_alone(pool, after).await;
 }
 
-async fn write_alone(pool: &PgPool, appends: Vec<Pending>) {
-    for pending in appends {
-        let written = insert_events(pool, &[pending.part()])
-            .await
-            .map(|w| w.len() as u64);
-        let _ = pending.done.send(written);
+/// Answers every append of a committed group with how many of its events the statement wrote.
+fn answer(together: Vec<Pending>, written: &[Uuid]) {
+    metrics::counter!("waybill_group_commit_groups_total", "outcome" => "committed").increment(1);
+    for pending in together {
+        let n = written
+            .iter()
+            .filter(|&&id| id == pending.aggregate_id)
+            .count();
+        let _ = pending.done.send(Ok(n as u64));
     }
+}
+
+/// After a group's statement got no answer: the statement is all or nothing, so if any of its events
+/// are stored it committed, and each append is answered from the rows; if none are, each is written
+/// alone. When even that cannot be read, every caller gets the failure (the outcome is unknown, as
+/// for a command written alone whose connection broke).
+async fn settle_unanswered(pool: &PgPool, together: Vec<Pending>, error: sqlx::Error) {
+    let ids: Vec<Uuid> = together
+        .iter()
+        .flat_map(|pending| pending.events.iter().map(|event| event.event_id))
+        .collect();
+    let stored = sqlx::query_scalar("SELECT aggregate_id FROM events WHERE event_id = ANY($1)")
+        .bind(&ids)
+        .fetch_all(pool)
+        .await;
+    match stored {
+        Ok(written) if !written.is_empty() => answer(together, &written),
+        Ok(_) => {
+            metrics::counter!("waybill_group_commit_groups_total", "outcome" => "split")
+                .increment(1);
+            write_alone(pool, together).await;
+        }
+        Err(check) => {
+            tracing::warn!(%error, %check, appends = together.len(), "group commit got no answer and its outcome cannot be read");
+            metrics::counter!("waybill_group_commit_groups_total", "outcome" => "unknown")
+                .increment(1);
+            for pending in together {
+                let failed = std::io::Error::other(format!("group commit got no answer: {error}"));
+                let _ = pending.done.send(Err(sqlx::Error::Io(failed)));
+            }
+        }
+    }
+}
+
+/// Writes each append with its own statement, side by side: one waiting on a lock must not hold up
+/// the others.
+async fn write_alone(pool: &PgPool, appends: Vec<Pending>) {
+    let writes = appends
+        .into_iter()
+        .filter(|pending| !pending.done.is_closed())
+        .map(|pending| async move {
+            let written = insert_events(pool, &[pending.part()])
+                .await
+                .map(|w| w.len() as u64);
+            let _ = pending.done.send(written);
+        });
+    futures::future::join_all(writes).await;
 }
 
 fn describe_metrics() {
@@ -166,6 +215,6 @@ fn describe_metrics() {
     );
     metrics::describe_counter!(
         "waybill_group_commit_groups_total",
-        "Groups of appends: committed together, or split (the statement failed; each append was written alone)"
+        "Groups of appends: committed together, split (the statement was refused; each append was written alone), or unknown (no answer, and the outcome could not be read: every caller was told it failed)"
     );
 }
