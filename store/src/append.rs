@@ -211,14 +211,19 @@ pub(crate) async fn insert_events(
             SELECT event_id, event_type, event_version, aggregate_type, aggregate_id,
                    aggregate_version, occurred_at, correlation_id, causation_id, payload
             FROM input
-            RETURNING event_id
+            RETURNING event_id, aggregate_id
+        ),
+        new_outbox AS (
+            INSERT INTO outbox (event_id, event_type, event_version, aggregate_type, aggregate_id,
+                                aggregate_version, body, traceparent)
+            SELECT i.event_id, i.event_type, i.event_version, i.aggregate_type, i.aggregate_id,
+                   i.aggregate_version, i.body, i.traceparent
+            FROM input i JOIN new_events USING (event_id)
         )
-        INSERT INTO outbox (event_id, event_type, event_version, aggregate_type, aggregate_id,
-                            aggregate_version, body, traceparent)
-        SELECT i.event_id, i.event_type, i.event_version, i.aggregate_type, i.aggregate_id,
-               i.aggregate_version, i.body, i.traceparent
-        FROM input i JOIN new_events USING (event_id)
-        RETURNING aggregate_id",
+        -- Read back from `events`, not `outbox`: the command side may insert outbox rows but not
+        -- read them (least privilege, `waybill roles`). Every event written has its outbox row:
+        -- the CTE above runs to completion, and the statement fails whole if it cannot.
+        SELECT aggregate_id FROM new_events",
     )
     .bind(rows().map(|(_, e)| e.event_id).collect::<Vec<_>>())
     .bind(rows().map(|(_, e)| e.event_type.as_str()).collect::<Vec<_>>())
