@@ -124,7 +124,8 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
     // version, which takes milliseconds — unless its process froze mid-transaction. Group commit
     // writes many commands with one statement, so such a wait would hold them all: give up after
     // `LOCK_TIMEOUT` (the group is then written one command at a time, side by side, and only the
-    // command that collides fails, "retry later"). Legitimate waits last milliseconds. And end this service's own transactions if it freezes.
+    // command that collides fails, "retry later"). And end this service's own transactions if it
+    // freezes.
     let settings = [
         ("lock_timeout", format!("{}ms", LOCK_TIMEOUT.as_millis())),
         ("idle_in_transaction_session_timeout", "15s".to_owned()),
