@@ -130,13 +130,13 @@ impl<P: Projection> Runner<P> {
                         continue;
                     }
                 };
-                let mut batch = vec![first];
-                while batch.len() < self.config.batch_size {
-                    match tokio::time::timeout(self.config.linger, messages.next()).await {
-                        Ok(Some(Ok(message))) => batch.push(message),
-                        _ => break,
-                    }
-                }
+                let batch = collect(
+                    first,
+                    &mut messages,
+                    self.config.linger,
+                    self.config.batch_size,
+                )
+                .await;
                 let report = self.handle(partition, batch).await;
                 let settled = report.messages + report.skipped > 0;
                 if settled {
@@ -298,6 +298,28 @@ impl<P: Projection> Runner<P> {
     }
 }
 
+/// A batch: `first` and what follows it within `linger` of its arrival, `max` messages at most.
+///
+/// The linger counts from the first message, not between messages: while messages kept arriving less
+/// than a linger apart, a batch went on collecting (60 ms and more at 1,500 events/s) and its first
+/// message waited all that time. A stream error ends the batch; the caller's next read meets it again.
+async fn collect<M, E>(
+    first: M,
+    messages: &mut (impl futures::Stream<Item = Result<M, E>> + Unpin),
+    linger: Duration,
+    max: usize,
+) -> Vec<M> {
+    let until = tokio::time::Instant::now() + linger;
+    let mut batch = vec![first];
+    while batch.len() < max {
+        match tokio::time::timeout_at(until, messages.next()).await {
+            Ok(Some(Ok(message))) => batch.push(message),
+            _ => break,
+        }
+    }
+    batch
+}
+
 /// True when the database could not be reached at all (connection, pool, protocol), as opposed to a
 /// statement it refused: only the latter can be a message's fault.
 fn unreachable_database(error: &ApplyError) -> bool {
@@ -326,6 +348,45 @@ fn raw_message(message: &jetstream::Message) -> RawMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A message every 2 ms, forever (each ready 2 ms after the previous one was read).
+    fn steady_arrivals() -> impl futures::Stream<Item = Result<u32, ()>> + Unpin {
+        Box::pin(futures::stream::unfold(1u32, |n| async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            Some((Ok(n), n + 1))
+        }))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_flow_does_not_hold_a_batch_open_past_the_linger() {
+        let started = tokio::time::Instant::now();
+        let batch = collect(0, &mut steady_arrivals(), Duration::from_millis(5), 500).await;
+        // The messages of 2 and 4 ms; the next, at 6 ms, is for the next batch. With the linger
+        // between messages instead, every gap was shorter than it and the batch filled to 500.
+        assert!(
+            batch == [0, 1, 2],
+            "{} messages in the batch, starting {:?}",
+            batch.len(),
+            &batch[..batch.len().min(5)]
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_ends_when_full_or_when_the_stream_fails_or_ends() {
+        let full = collect(0, &mut steady_arrivals(), Duration::from_secs(1), 3).await;
+        assert_eq!(full, vec![0, 1, 2], "at most `max` messages");
+        let failing = futures::stream::iter([Ok(1), Err(()), Ok(2)]);
+        let batch = collect(0, &mut failing.boxed(), Duration::from_secs(1), 10).await;
+        assert_eq!(batch, vec![0, 1], "an error ends the batch");
+        let ended = futures::stream::iter(Vec::<Result<u32, ()>>::new());
+        let batch = collect(7, &mut ended.boxed(), Duration::from_secs(1), 10).await;
+        assert_eq!(
+            batch,
+            vec![7],
+            "the end of the stream ends the batch at once"
+        );
+    }
 
     #[test]
     fn only_an_unreachable_database_spares_the_message() {

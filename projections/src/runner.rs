@@ -51,7 +51,8 @@ pub struct RunnerConfig {
     pub ack_wait: Duration,
     /// Unacknowledged messages the broker lets this consumer hold.
     pub max_ack_pending: i64,
-    /// After the first message of a batch, how long to wait for more before applying.
+    /// After the first message of a batch, how long at most to wait for more before applying (what
+    /// arrived meanwhile, up to `batch_size`, joins the batch).
     pub linger: Duration,
     /// Where to stop on purpose (tests reproduce crashes with it).
     pub fail_point: FailPoint,
