@@ -50,9 +50,12 @@ impl Pending {
 }
 
 impl GroupCommit {
-    /// Writer tasks unless told otherwise (`waybill serve --group-commit-writers`): two statements in
-    /// flight at once; the only value measured so far (on two cores, README "Benchmarks").
-    pub const DEFAULT_WRITERS: u16 = 2;
+    /// Writer tasks unless told otherwise (`waybill serve --group-commit-writers`): one statement in
+    /// flight at a time. In the pipeline benchmark at 1,000 orders/s (two cores) two writers took
+    /// turns with groups of 1.3 appends; one writer made bigger groups, cost PostgreSQL 8 % less CPU
+    /// and cut every stage's latency after it (README "Benchmarks"). A second writer only helps
+    /// while one waits on a lock another process holds (at most `lock_timeout`).
+    pub const DEFAULT_WRITERS: u16 = 1;
 
     /// Starts `writers` writer tasks on `pool` (at least one). More writers: more statements in
     /// flight at once and smaller groups; fewer: bigger groups, cheaper for the database.

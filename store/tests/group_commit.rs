@@ -141,3 +141,65 @@ async fn a_group_that_collides_with_another_writer_answers_each_command_alone(po
     assert_eq!(scalar(&pool, "SELECT count(*) FROM events").await, 21);
     assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, 21);
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_command_whose_caller_has_gone_is_not_written(pool: PgPool) {
+    // One writer task, held up: another transaction wrote version 1 of `held` and has not committed,
+    // so the statement placing `held` waits for it. Meanwhile `gone` is queued and its caller gives up
+    // (a request timed out): it was told nothing, so nothing may be written for it.
+    let store =
+        EventStore::new(pool.clone()).with_group_commit(GroupCommit::spawn(pool.clone(), 1));
+    let (held, gone, after) = (
+        OrderId::from_uuid(Uuid::now_v7()),
+        OrderId::from_uuid(Uuid::now_v7()),
+        OrderId::from_uuid(Uuid::now_v7()),
+    );
+    let mut other = pool.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
+                             aggregate_version, occurred_at, payload)
+         VALUES (gen_random_uuid(), 'order.placed', 1, 'order', $1, 1, now(), '{}')",
+    )
+    .bind(held.as_uuid())
+    .execute(&mut *other)
+    .await
+    .expect("the other transaction's row");
+    let placing_held = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .execute(held, &place_command(), &CommandContext::default())
+                .await
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        store.execute(gone, &place_command(), &CommandContext::default()),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "queued behind the held statement: {gave_up:?}"
+    );
+    other.rollback().await.expect("rollback");
+    let placed = placing_held
+        .await
+        .expect("joins")
+        .expect("placed once the row is gone");
+    assert_eq!(placed.aggregate_version, 1);
+    // The writer takes appends in arrival order: once `after` is answered, `gone` was dealt with.
+    store
+        .execute(after, &place_command(), &CommandContext::default())
+        .await
+        .expect("placed");
+    let written: Vec<Uuid> = sqlx::query_scalar("SELECT DISTINCT aggregate_id FROM events")
+        .fetch_all(&pool)
+        .await
+        .expect("events");
+    assert!(
+        !written.contains(&gone.as_uuid()),
+        "a command nobody waits for was written"
+    );
+    assert_eq!(written.len(), 2, "{written:?}");
+}

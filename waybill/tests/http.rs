@@ -809,7 +809,7 @@ async fn the_edge_limits_are_flags(pool: PgPool) {
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn a_writer_frozen_mid_transaction_stalls_only_its_own_orders(pool: PgPool) {
     // Another writer froze with version 2 of two orders written and not committed. Paying either waits
-    // for it; both of group commit's writer tasks are then waiting. The lock timeout gives up on them
+    // for it; group commit's writer task is then waiting. The lock timeout gives up on it
     // (500, retry later; nothing written) so that a new order is still served.
     let s = Service::start(&pool).await;
     let line = json!([{"sku": "MUG", "quantity": 1, "unit_price_cents": 900}]);
