@@ -865,3 +865,34 @@ async fn a_live_run_continues_on_the_rebuilt_state(pool: PgPool) {
     );
     live.kill().await.expect("stops");
 }
+
+/// The search index's pending list made the largest stalls of the pipeline benchmark: the insert that
+/// found it full merged all of it inside its own batch (~150 ms). Documents now go into the index at
+/// once — also in an index created before, which starting the projection switches over.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn the_search_index_takes_each_document_at_once(pool: PgPool) {
+    let url = testkit::database_url(&pool).await;
+    let options = || async {
+        sqlx::query_scalar::<_, Option<Vec<String>>>(
+            "SELECT reloptions FROM pg_class WHERE oid = 'search.orders_document'::regclass",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("the index")
+        .unwrap_or_default()
+    };
+    projections::schema::connect(&url, Search::NAME, Search::TABLES)
+        .await
+        .expect("schema");
+    assert_eq!(options().await, ["fastupdate=off"], "a new index");
+    // As an older version left it.
+    sqlx::query("ALTER INDEX search.orders_document RESET (fastupdate)")
+        .execute(&pool)
+        .await
+        .expect("reset");
+    assert!(options().await.is_empty());
+    projections::schema::connect(&url, Search::NAME, Search::TABLES)
+        .await
+        .expect("schema again");
+    assert_eq!(options().await, ["fastupdate=off"], "an index made before");
+}
