@@ -18,8 +18,20 @@ impl Refused {
     }
 }
 
+/// The command printed its own result, and the result is a failure (a check that found differences):
+/// exit 1 without a second JSON document; in text mode the message goes to standard error.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct AlreadyReported(pub String);
+
 /// Reports `error` and returns its exit code: 2 if `refused` or anything in its chain is [`Refused`].
 pub fn report_failure(error: &anyhow::Error, refused: bool, json_output: bool) -> ExitCode {
+    if let Some(reported) = error.downcast_ref::<AlreadyReported>() {
+        if !json_output {
+            eprintln!("error: {reported}");
+        }
+        return ExitCode::from(1);
+    }
     let refused = refused || error.chain().any(|cause| cause.is::<Refused>());
     let kind = if refused { "refused" } else { "failed" };
     // Whatever a cause quotes, a password in a URL is not printed.

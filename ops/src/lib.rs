@@ -16,7 +16,7 @@ mod telemetry;
 
 pub use connection::{DEFAULT_DATABASE_URL, DatabaseArgs, StreamConnection};
 pub use edge::{EdgeConfig, Served, serve_with};
-pub use exit::{Refused, error_chain, report_failure};
+pub use exit::{AlreadyReported, Refused, error_chain, report_failure};
 pub use logging::init_logging;
 pub use nats::NatsConnection;
 pub use operator::OperatorToken;

@@ -15,6 +15,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::fence::Divergence;
+
 /// Where a row is in its life (`outbox.status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, sqlx::Type)]
 #[serde(rename_all = "lowercase")]
@@ -164,24 +166,38 @@ pub struct OutboxStatus {
     pub aggregates_held_back: i64,
     /// Journal records of steps that published but never settled (crashed relays, unknown outcomes).
     pub unsettled_publishes: i64,
-    /// Unsent rows whose last publish met a fence conflict: something on the aggregate's subject that
-    /// the relay cannot account for. Each names its aggregate; they are retried with backoff.
-    pub fence_conflicts: Vec<FenceConflict>,
+    /// Unsent rows whose last publish found the stream disagreeing with the store (a store restored
+    /// behind its stream, a foreign message on the subject). Never marked sent; retried with backoff.
+    pub diverged: i64,
+    /// The first of them (at most 20), each naming its aggregate and both event ids.
+    pub divergences: Vec<DivergedRow>,
 }
 
-/// An unsent row held up by a fence conflict.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
-pub struct FenceConflict {
-    /// The event.
+/// An unsent row held up by a divergence between the store and the stream.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DivergedRow {
+    /// The store's event.
     pub event_id: Uuid,
+    /// Its aggregate type.
+    pub aggregate_type: String,
     /// Its aggregate.
     pub aggregate_id: Uuid,
     /// Its version.
     pub aggregate_version: i64,
     /// `failed` (retried) or `dead`.
     pub status: RowStatus,
-    /// The conflict, with the stream sequences involved.
-    pub last_error: String,
+    /// What the fence found.
+    pub divergence: Divergence,
+}
+
+#[derive(sqlx::FromRow)]
+struct DivergedRecord {
+    event_id: Uuid,
+    aggregate_type: String,
+    aggregate_id: Uuid,
+    aggregate_version: i64,
+    status: RowStatus,
+    divergence: sqlx::types::Json<Divergence>,
 }
 
 /// The one-row summary behind [`OutboxStatus`].
@@ -220,9 +236,14 @@ pub async fn status(pool: &PgPool, with_sent: bool) -> sqlx::Result<OutboxStatus
     )
     .fetch_one(&mut *tx)
     .await?;
-    let fence_conflicts = sqlx::query_as(
-        "SELECT event_id, aggregate_id, aggregate_version, status, last_error FROM outbox
-         WHERE (status IN ('pending', 'failed') OR status = 'dead') AND last_error LIKE 'fence conflict%'
+    let diverged: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE divergence IS NOT NULL AND status <> 'sent'",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let divergences: Vec<DivergedRecord> = sqlx::query_as(
+        "SELECT event_id, aggregate_type, aggregate_id, aggregate_version, status, divergence
+         FROM outbox WHERE divergence IS NOT NULL AND status <> 'sent'
          ORDER BY id LIMIT 20",
     )
     .fetch_all(&mut *tx)
@@ -245,7 +266,18 @@ pub async fn status(pool: &PgPool, with_sent: bool) -> sqlx::Result<OutboxStatus
         oldest_pending_age_seconds: summary.oldest_pending_age_seconds,
         aggregates_held_back: summary.held_back,
         unsettled_publishes: summary.unsettled,
-        fence_conflicts,
+        diverged,
+        divergences: divergences
+            .into_iter()
+            .map(|r| DivergedRow {
+                event_id: r.event_id,
+                aggregate_type: r.aggregate_type,
+                aggregate_id: r.aggregate_id,
+                aggregate_version: r.aggregate_version,
+                status: r.status,
+                divergence: r.divergence.0,
+            })
+            .collect(),
     })
 }
 

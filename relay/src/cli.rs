@@ -88,15 +88,25 @@ pub async fn run_outbox(
                 }
                 println!("aggregates held back  {}", status.aggregates_held_back);
                 println!("unsettled publishes   {}", status.unsettled_publishes);
-                println!("fence conflicts       {}", status.fence_conflicts.len());
-                for conflict in &status.fence_conflicts {
+                println!("diverged from stream  {}", status.diverged);
+                for row in &status.divergences {
                     println!(
-                        "  {} v{} ({}, {}): {}",
-                        conflict.aggregate_id,
-                        conflict.aggregate_version,
-                        conflict.event_id,
-                        conflict.status,
-                        conflict.last_error
+                        "  {} {} v{} (store event {}, stream {} at {}, {}): {}",
+                        row.aggregate_type,
+                        row.aggregate_id,
+                        row.aggregate_version,
+                        row.event_id,
+                        row.divergence.stream_msg_id.as_deref().unwrap_or("-"),
+                        row.divergence
+                            .stream_sequence
+                            .map_or_else(|| "-".to_owned(), |s| s.to_string()),
+                        row.status,
+                        row.divergence
+                    );
+                }
+                if status.diverged > 0 {
+                    println!(
+                        "  the stream disagrees with the store: run `waybill outbox verify` (README, \"After a restore\")"
                     );
                 }
             }
@@ -171,4 +181,247 @@ pub async fn run_outbox(
         }
     }
     Ok(())
+}
+
+/// `waybill outbox verify` and `repair`: the store compared with the stream. They read `events` (which
+/// the relay's role may not), so `waybill` carries them, not `waybill-relay`.
+#[derive(Debug, Subcommand)]
+pub enum StreamCheckCommand {
+    /// Compare the event store with the stream, aggregate by aggregate: every event in the stream
+    /// exactly once, under its own message id, at its own version, in version order, and nothing else
+    /// on an aggregate's subject. Run it after restoring the database, a failover, or any incident.
+    /// Exits 1 and names every aggregate that differs (unsent events are a backlog, not a difference).
+    /// Needs read access to `events` and `outbox`, and a NATS user that may create an ordered consumer
+    /// (the admin user of deploy/nats/accounts.conf) unless --aggregate is given.
+    Verify(VerifyArgs),
+    /// Make one aggregate's subject hold exactly the store's events again, the store being the truth:
+    /// the stream's messages after the versions both agree on are deleted and the store's later versions
+    /// published again by the relay. Prints the plan; --apply carries it out. Rebuild every projection
+    /// afterwards (README, "After a restore").
+    Repair(RepairArgs),
+}
+
+/// Where the stream is, for the commands that compare it with the store.
+#[derive(Debug, Args)]
+pub struct StreamArgs {
+    /// The NATS server, credentials and TLS.
+    #[command(flatten)]
+    pub nats: Box<ops::NatsConnection>,
+    /// The JetStream stream the relay publishes into.
+    #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM)]
+    pub stream: String,
+    /// The subject prefix (<prefix>.<aggregate type>.<aggregate id>).
+    #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX)]
+    pub subject_prefix: String,
+}
+
+/// `verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub stream: StreamArgs,
+    /// Only this aggregate (repeatable); its subject is read message by message.
+    #[arg(long = "aggregate", value_name = "ID")]
+    pub aggregates: Vec<uuid::Uuid>,
+    /// Only aggregates with an event recorded since then: a duration ago (`1h`, `2d`) or an RFC 3339
+    /// time.
+    #[arg(long, value_name = "WHEN", value_parser = parse_since)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// `repair`.
+#[derive(Debug, Args)]
+pub struct RepairArgs {
+    #[command(flatten)]
+    pub stream: StreamArgs,
+    /// The aggregate to repair.
+    #[arg(long = "aggregate", value_name = "ID")]
+    pub aggregate: uuid::Uuid,
+    /// Carry the plan out (without it, only print it).
+    #[arg(long)]
+    pub apply: bool,
+}
+
+fn parse_since(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    if let Ok(ago) = humantime::parse_duration(text) {
+        let ago =
+            chrono::Duration::from_std(ago).map_err(|_| format!("{text:?} is too long ago"))?;
+        return chrono::Utc::now()
+            .checked_sub_signed(ago)
+            .ok_or_else(|| format!("{text:?} is too long ago"));
+    }
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|_| format!("{text:?} is neither a duration (1h, 2d) nor an RFC 3339 time"))
+}
+
+/// Runs `verify` or `repair` and prints the result (JSON with `json_output`).
+pub async fn run_stream_check(
+    pool: &PgPool,
+    command: StreamCheckCommand,
+    json_output: bool,
+) -> anyhow::Result<()> {
+    let args = match &command {
+        StreamCheckCommand::Verify(args) => &args.stream,
+        StreamCheckCommand::Repair(args) => &args.stream,
+    };
+    let client = args
+        .nats
+        .connect("waybill-outbox-verify")
+        .await
+        .with_context(|| format!("cannot connect to NATS at {}", args.nats.shown()))?;
+    let jetstream = async_nats::jetstream::new(client);
+    match command {
+        StreamCheckCommand::Verify(args) => {
+            let scope = crate::verify::VerifyScope {
+                aggregates: args.aggregates,
+                since: args.since,
+            };
+            let show_progress = !json_output;
+            let report = crate::verify::verify(
+                pool,
+                &jetstream,
+                &args.stream.stream,
+                &args.stream.subject_prefix,
+                &scope,
+                &|done, last| {
+                    if show_progress {
+                        eprint!("\rread {done} of {last} stream messages");
+                        let _ = std::io::stderr().flush();
+                    }
+                },
+            )
+            .await
+            .context("comparing the store with the stream")?;
+            if show_progress && report.stream_last_sequence > 0 && scope.aggregates.is_empty() {
+                eprintln!();
+            }
+            if json_output {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print_verify(&report);
+            }
+            if !report.ok {
+                return Err(ops::AlreadyReported(format!(
+                    "the store and the stream differ for {} aggregate(s){}",
+                    report.differing.len(),
+                    if report.foreign_subjects.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " and {} message(s) name no aggregate",
+                            report.foreign_subjects.len()
+                        )
+                    }
+                ))
+                .into());
+            }
+        }
+        StreamCheckCommand::Repair(args) => {
+            let stream = jetstream
+                .get_stream(&args.stream.stream)
+                .await
+                .with_context(|| format!("opening stream {}", args.stream.stream))?;
+            let plan =
+                crate::repair::plan(pool, &stream, &args.stream.subject_prefix, args.aggregate)
+                    .await
+                    .map_err(|e| match e {
+                        crate::repair::RepairError::Unknown(_) => {
+                            anyhow::Error::new(ops::Refused::new(e))
+                        }
+                        e => anyhow::Error::new(e),
+                    })?;
+            let plan = if args.apply && !(plan.delete.is_empty() && plan.republish.is_empty()) {
+                crate::repair::apply(pool, &stream, plan)
+                    .await
+                    .context("repairing the aggregate")?
+            } else {
+                plan
+            };
+            if json_output {
+                println!("{}", serde_json::to_string(&plan)?);
+            } else {
+                print_repair(&plan, args.apply);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_verify(report: &crate::verify::VerifyReport) {
+    println!(
+        "compared {} aggregate(s): {} event(s) in the store, {} message(s) in the stream (sequences {}..={})",
+        report.aggregates,
+        report.store_events,
+        report.stream_messages,
+        report.stream_first_sequence,
+        report.stream_last_sequence
+    );
+    println!(
+        "not yet sent {}, older than the stream's retention {}",
+        report.unsent, report.beyond_retention
+    );
+    for aggregate in &report.differing {
+        println!("{} {}", aggregate.aggregate_type, aggregate.aggregate_id);
+        for difference in &aggregate.differences {
+            println!(
+                "  {:?} v{}: {}",
+                difference.kind,
+                difference
+                    .aggregate_version
+                    .map_or_else(|| "?".to_owned(), |v| v.to_string()),
+                difference.detail
+            );
+        }
+    }
+    for foreign in &report.foreign_subjects {
+        println!(
+            "message at stream sequence {} on {} names no aggregate",
+            foreign.stream_sequence, foreign.subject
+        );
+    }
+    if report.ok {
+        println!("the store and the stream agree");
+    } else {
+        println!(
+            "to make an aggregate's stream match the store: waybill outbox repair --aggregate ID (README, \"After a restore\")"
+        );
+    }
+}
+
+fn print_repair(plan: &crate::repair::RepairPlan, asked_to_apply: bool) {
+    println!(
+        "{} {}: the stream holds the store's versions 1..={} correctly",
+        plan.aggregate_type, plan.aggregate_id, plan.agreeing_versions
+    );
+    if plan.delete.is_empty() && plan.republish.is_empty() {
+        println!("nothing to repair");
+        return;
+    }
+    let verb = if plan.applied {
+        "deleted"
+    } else {
+        "would delete"
+    };
+    for message in &plan.delete {
+        println!(
+            "  {verb} stream sequence {} ({}, version {})",
+            message.stream_sequence,
+            message.msg_id.as_deref().unwrap_or("no message id"),
+            message
+                .aggregate_version
+                .map_or_else(|| "?".to_owned(), |v| v.to_string())
+        );
+    }
+    let verb = if plan.applied {
+        "set pending to publish again"
+    } else {
+        "would publish again"
+    };
+    println!("  {verb}: versions {:?}", plan.republish);
+    if plan.applied {
+        println!("now rebuild every projection: each applied the deleted messages");
+    } else if !asked_to_apply {
+        println!("run again with --apply to carry it out");
+    }
 }

@@ -13,10 +13,12 @@ pub mod fence;
 pub mod metrics;
 pub mod peers;
 pub mod publish;
+pub mod repair;
 mod run;
 pub mod settle;
 pub mod step;
 pub mod stream;
+pub mod verify;
 
 pub use backoff::Backoff;
 #[cfg(feature = "fault-injection")]

@@ -332,12 +332,12 @@ async fn relay_run(
             );
         } else {
             println!(
-                "claimed={} published={} duplicates={} fenced={} fence_conflicts={} marked_sent={} failed={} dead={} | still pending={} failed={} dead={}",
+                "claimed={} published={} duplicates={} fenced={} divergences={} marked_sent={} failed={} dead={} | still pending={} failed={} dead={}",
                 summary.claimed,
                 summary.published,
                 summary.duplicates,
                 summary.fenced,
-                summary.fence_conflicts,
+                summary.divergences,
                 summary.marked_sent,
                 summary.failed,
                 summary.dead,

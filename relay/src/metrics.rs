@@ -45,8 +45,12 @@ pub fn describe() {
         "Publishes the broker's fence refused because the stream already held the event or a later version of its aggregate (a claim published twice, e.g. by a relay that stalled past the dedupe window); marked sent, not stored again."
     );
     describe_counter!(
-        "waybill_relay_fence_conflicts_total",
-        "Publishes whose fence found a message on the aggregate's subject that the relay cannot account for; retried with backoff (see `waybill-relay status`)."
+        "waybill_relay_divergences_total",
+        "Publishes whose fence found the stream disagreeing with the store, by kind (other_event: the row's version is another event in the stream, e.g. a store restored behind its stream; missing: later versions are there but not this one; foreign: a message on the subject that is not the aggregate's; unsettled: the subject kept moving). Never marked sent; retried with backoff (see `waybill-relay status`, `waybill outbox verify`)."
+    );
+    describe_gauge!(
+        "waybill_outbox_diverged",
+        "Unsent outbox rows whose last publish found the stream disagreeing with the store; their aggregates wait. Alert on any."
     );
     describe_counter!(
         "waybill_relay_stale_claims_ended_total",
@@ -114,7 +118,6 @@ pub fn record_vacuum(vacuum: &crate::admin::VacuumState) {
 /// not the marks can be written).
 pub fn record_step(report: &StepReport) {
     counter!("waybill_relay_fenced_total").increment(report.fenced as u64);
-    counter!("waybill_relay_fence_conflicts_total").increment(report.fence_conflicts as u64);
     counter!("waybill_relay_claimed_total").increment(report.claimed as u64);
     counter!("waybill_relay_published_total").increment(report.published as u64);
     counter!("waybill_relay_duplicate_acks_total").increment(report.duplicates as u64);
@@ -122,6 +125,11 @@ pub fn record_step(report: &StepReport) {
     counter!("waybill_relay_dead_total").increment(report.dead as u64);
     counter!("waybill_relay_republished_outside_window_total")
         .increment(report.republished_outside_window as u64);
+}
+
+/// A divergence the fence found (its row is not marked sent).
+pub fn record_divergence(kind: crate::fence::DivergenceKind) {
+    counter!("waybill_relay_divergences_total", "kind" => kind.as_str()).increment(1);
 }
 
 /// Records one PubAck's latencies.
@@ -155,4 +163,5 @@ pub fn record_status(status: &OutboxStatus) {
     gauge!("waybill_outbox_oldest_pending_age_seconds")
         .set(status.oldest_pending_age_seconds.unwrap_or(0.0));
     gauge!("waybill_outbox_aggregates_held_back").set(status.aggregates_held_back as f64);
+    gauge!("waybill_outbox_diverged").set(status.diverged as f64);
 }

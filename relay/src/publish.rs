@@ -25,19 +25,18 @@ use ops::error_chain;
 
 use crate::claim::ClaimedRow;
 use crate::config::PublishFaults;
-use crate::fence::{self, Judgement};
+use crate::fence::{self, Divergence, Judgement, Reading};
 
 /// What happened to one claimed row.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// JetStream holds it: stored now, or already (a duplicate within the window, or found by the fence).
     Sent {
-        /// The stream sequence of its message; `None` when the fence found a later version of the
-        /// aggregate in the stream and did not look this one up.
-        sequence: Option<u64>,
+        /// The stream sequence of its message.
+        sequence: u64,
         /// JetStream recognised the `Nats-Msg-Id` and did not store it again.
         duplicate: bool,
-        /// The fence refused the publish and the stream showed the row delivered already.
+        /// The fence refused the publish and the stream showed this event at the row's version.
         fenced: bool,
         /// From publish to PubAck.
         latency: Duration,
@@ -48,8 +47,8 @@ pub enum Outcome {
         error: String,
         /// The message may have been stored anyway (the ack timed out or the connection broke).
         ambiguous: bool,
-        /// The fence found something on the subject that the relay cannot account for.
-        conflict: bool,
+        /// The fence found the stream disagreeing with the store (kept on the row).
+        divergence: Option<Divergence>,
     },
     /// Not published in this step: an earlier version failed, the step ran out of time, the broker is
     /// disconnected, or the relay is stopping.
@@ -61,7 +60,7 @@ impl Outcome {
         Self::Failed {
             error,
             ambiguous,
-            conflict: false,
+            divergence: None,
         }
     }
 }
@@ -133,7 +132,7 @@ struct ChainPublisher<'a> {
     faults: PublishFaults,
 }
 
-/// Publishes after a fence refusal, per row, before the row counts as a conflict: the stream can
+/// Publishes after a fence refusal, per row, before the row counts as diverged: the stream can
 /// change between the refusal and the reading (another relay publishing the same aggregate).
 const FENCE_ROUNDS: usize = 3;
 
@@ -169,7 +168,7 @@ impl ChainPublisher<'_> {
             }
             let outcome = self.publish_fenced(row, &subject, expected).await;
             expected = match &outcome {
-                Outcome::Sent { sequence, .. } => *sequence,
+                Outcome::Sent { sequence, .. } => Some(*sequence),
                 _ => None,
             };
             let failed = matches!(outcome, Outcome::Failed { .. });
@@ -197,11 +196,19 @@ impl ChainPublisher<'_> {
                 None => match self.judge(row, subject).await {
                     Ok(Judgement::Expect(sequence)) => sequence,
                     Ok(Judgement::Delivered(sequence)) => return fenced(row, sequence),
-                    Ok(Judgement::Conflict(reason)) => return conflict(row, subject, reason),
+                    Ok(Judgement::Diverged(divergence)) => {
+                        return diverged(row, subject, divergence);
+                    }
                     Err(error) => return Outcome::failed(error, false),
                 },
             };
             match publish_one(self.jetstream, subject, row, expect, self.faults).await {
+                Attempt::Done(Outcome::Sent {
+                    sequence,
+                    duplicate: true,
+                    latency,
+                    ..
+                }) => return self.check_duplicate(row, subject, sequence, latency).await,
                 Attempt::Done(outcome) => return outcome,
                 // The subject moved on without us: read it and decide again.
                 Attempt::WrongLastSequence(refusal) => {
@@ -210,22 +217,64 @@ impl ChainPublisher<'_> {
                 }
             }
         }
-        conflict(
-            row,
-            subject,
-            format!("the subject kept moving during {FENCE_ROUNDS} fenced publishes"),
-        )
+        diverged(row, subject, Divergence::unsettled(FENCE_ROUNDS))
     }
 
+    /// A duplicate PubAck says JetStream remembers the event's id, not that it still holds the message:
+    /// one deleted (or purged) inside the dedupe window is still acknowledged as a duplicate. Reading
+    /// the acknowledged sequence back costs a request, only after a retry (duplicates are rare), and
+    /// turns "remembered" into "held".
+    async fn check_duplicate(
+        &self,
+        row: &ClaimedRow,
+        subject: &Subject,
+        sequence: u64,
+        latency: Duration,
+    ) -> Outcome {
+        match fence::message_at_sequence(self.stream, sequence).await {
+            Ok(Some(found)) if fence::is_row(row, &found) => Outcome::Sent {
+                sequence,
+                duplicate: true,
+                fenced: false,
+                latency,
+            },
+            Ok(found) => diverged(
+                row,
+                subject,
+                fence::remembered_not_held(row, sequence, found),
+            ),
+            Err(error) => Outcome::failed(
+                format!("checking the duplicate PubAck at stream sequence {sequence}: {error}"),
+                true,
+            ),
+        }
+    }
+
+    /// Reads the subject and decides: its last message, and when that is a later version, the message
+    /// at the row's version.
     async fn judge(&self, row: &ClaimedRow, subject: &Subject) -> Result<Judgement, String> {
         let last = fence::last_message(self.stream, subject).await?;
-        Ok(fence::judge(row, last.as_ref()))
+        match fence::judge(row, last.as_ref()) {
+            Reading::Judged(judgement) => Ok(judgement),
+            Reading::LookFrom(from) => {
+                let found = fence::message_at_version(
+                    self.stream,
+                    subject,
+                    from,
+                    row.aggregate_id,
+                    row.aggregate_version,
+                )
+                .await?;
+                Ok(fence::judge_found(row, found.as_ref()))
+            }
+        }
     }
 }
 
-/// The row was delivered before (by this relay earlier, or by another): count it and mark it sent.
-fn fenced(row: &ClaimedRow, sequence: Option<u64>) -> Outcome {
-    tracing::info!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, aggregate_version = row.aggregate_version, stream_sequence = ?sequence, "fence: already in the stream; marking sent");
+/// The stream holds this very event at the row's version (published before, by this relay or
+/// another): count it and mark it sent.
+fn fenced(row: &ClaimedRow, sequence: u64) -> Outcome {
+    tracing::info!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, aggregate_version = row.aggregate_version, stream_sequence = sequence, "fence: this event is in the stream already; marking sent");
     Outcome::Sent {
         sequence,
         duplicate: false,
@@ -234,13 +283,24 @@ fn fenced(row: &ClaimedRow, sequence: Option<u64>) -> Outcome {
     }
 }
 
-fn conflict(row: &ClaimedRow, subject: &str, reason: String) -> Outcome {
-    let error = format!("fence conflict on {subject}: {reason}");
-    tracing::error!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, aggregate_version = row.aggregate_version, expected_previous_sequence = ?row.previous_sequence, %error, "fence conflict; retrying with backoff");
+/// The stream disagrees with the store: never marked sent; said loudly, kept on the row.
+fn diverged(row: &ClaimedRow, subject: &str, divergence: Divergence) -> Outcome {
+    let error = format!("divergence on {subject}: {divergence}");
+    tracing::error!(
+        aggregate_type = %row.aggregate_type,
+        aggregate_id = %row.aggregate_id,
+        aggregate_version = row.aggregate_version,
+        event_id = %row.event_id,
+        stream_msg_id = divergence.stream_msg_id.as_deref().unwrap_or("-"),
+        stream_sequence = ?divergence.stream_sequence,
+        kind = divergence.kind.as_str(),
+        expected_previous_sequence = ?row.previous_sequence,
+        "the stream disagrees with the store: not marking sent (retried with backoff; `waybill outbox verify` compares them)"
+    );
     Outcome::Failed {
         error,
         ambiguous: false,
-        conflict: true,
+        divergence: Some(divergence),
     }
 }
 
@@ -293,7 +353,7 @@ async fn publish_one(
             true,
         ),
         Ok(ack) => Outcome::Sent {
-            sequence: Some(ack.sequence),
+            sequence: ack.sequence,
             duplicate: ack.duplicate,
             fenced: false,
             latency: started.elapsed(),
@@ -397,7 +457,7 @@ mod tests {
                 outcome,
                 Outcome::Failed {
                     ambiguous: true,
-                    conflict: false,
+                    divergence: None,
                     ..
                 }
             ),
@@ -412,7 +472,7 @@ mod tests {
             matches!(
                 outcome,
                 Outcome::Sent {
-                    sequence: Some(42),
+                    sequence: 42,
                     duplicate: true,
                     fenced: false,
                     ..

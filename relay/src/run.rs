@@ -81,8 +81,9 @@ pub struct RunSummary {
     pub republished_outside_window: u64,
     /// Rows the broker's fence showed were in the stream already (marked sent, not stored again).
     pub fenced: u64,
-    /// Rows whose fence met something the relay cannot account for (retried with backoff).
-    pub fence_conflicts: u64,
+    /// Rows whose fence found the stream disagreeing with the store (not marked sent; retried with
+    /// backoff).
+    pub divergences: u64,
     /// Other relays' stalled claim transactions this relay ended.
     pub stale_claims_ended: u64,
     /// Steps that failed (claim or settle).
@@ -100,7 +101,7 @@ impl RunSummary {
         self.marked_sent += other.marked_sent;
         self.republished_outside_window += other.republished_outside_window;
         self.fenced += other.fenced;
-        self.fence_conflicts += other.fence_conflicts;
+        self.divergences += other.divergences;
         self.stale_claims_ended += other.stale_claims_ended;
         self.step_errors += other.step_errors;
     }
@@ -115,7 +116,7 @@ impl RunSummary {
         self.marked_sent += r.marked_sent as u64;
         self.republished_outside_window += r.republished_outside_window as u64;
         self.fenced += r.fenced as u64;
-        self.fence_conflicts += r.fence_conflicts as u64;
+        self.divergences += r.divergences as u64;
         self.stale_claims_ended += r.stale_claims_ended as u64;
     }
 }

@@ -13,6 +13,8 @@ use std::time::Duration;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::fence::Divergence;
+
 /// The marks of one step, column by column (ready for `UNNEST`).
 #[derive(Debug, Default)]
 pub struct Settlement {
@@ -49,6 +51,8 @@ pub struct FailedRow {
     pub retry_in_seconds: f64,
     /// Why it failed, kept in `last_error`.
     pub error: String,
+    /// The divergence the fence found, kept as JSON in `outbox.divergence` (`None` clears it).
+    pub divergence: Option<String>,
 }
 
 /// What the settle statement changed.
@@ -71,6 +75,7 @@ impl Settlement {
         max_attempts: i32,
         delay: Duration,
         error: String,
+        divergence: Option<&Divergence>,
     ) -> bool {
         let dead = failures >= max_attempts;
         self.failed.push(FailedRow {
@@ -78,6 +83,7 @@ impl Settlement {
             status: if dead { "dead" } else { "failed" },
             retry_in_seconds: delay.as_secs_f64(),
             error,
+            divergence: divergence.and_then(|d| serde_json::to_string(d).ok()),
         });
         dead
     }
@@ -99,7 +105,7 @@ pub async fn settle(
         "WITH sent AS (
             UPDATE outbox o
             SET status = 'sent', sent_at = clock_timestamp(), stream_seq = u.seq, attempts = o.attempts + 1,
-                last_error = NULL, claimed_by = $9, claimed_at = $10
+                last_error = NULL, divergence = NULL, claimed_by = $9, claimed_at = $10
             FROM UNNEST($1::int8[], $2::int8[], $13::text[]) AS u(id, seq, tid)
             WHERE o.ctid = u.tid::tid AND o.id = u.id
             RETURNING 1
@@ -111,8 +117,10 @@ pub async fn settle(
                 last_error = u.error,
                 dead_at = CASE WHEN u.status = 'dead' THEN clock_timestamp() END,
                 dead_reason = CASE WHEN u.status = 'dead' THEN u.error END,
+                divergence = u.divergence::jsonb,
                 claimed_by = $9, claimed_at = $10
-            FROM UNNEST($3::int8[], $4::text[], $5::float8[], $6::text[]) AS u(id, status, delay, error)
+            FROM UNNEST($3::int8[], $4::text[], $5::float8[], $6::text[], $14::text[])
+                 AS u(id, status, delay, error, divergence)
             WHERE o.id = u.id
             RETURNING 1
         ),
@@ -147,6 +155,7 @@ pub async fn settle(
     .bind(claim_id)
     .bind(&settlement.ambiguous)
     .bind(settlement.sent.iter().map(|s| s.tid.as_str()).collect::<Vec<_>>())
+    .bind(settlement.failed.iter().map(|f| f.divergence.as_deref()).collect::<Vec<_>>())
     .fetch_one(tx)
     .await
 }

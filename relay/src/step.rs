@@ -44,8 +44,9 @@ pub struct StepReport {
     /// Of `published`, rows the broker's fence refused because the stream already held them (a claim
     /// published twice, e.g. by a relay that stalled past the dedupe window): marked sent, not stored.
     pub fenced: usize,
-    /// Rows whose fence found something on the subject the relay cannot account for (retried).
-    pub fence_conflicts: usize,
+    /// Rows whose fence found the stream disagreeing with the store: not marked sent, retried with
+    /// backoff, kept on the row (`outbox.divergence`).
+    pub divergences: usize,
     /// Other relays' stalled claim transactions ended before this step claimed.
     pub stale_claims_ended: usize,
     /// The step stopped after publishing, as a crash would (fail point).
@@ -253,7 +254,7 @@ fn assess(
                     settlement.sent.push(SentRow {
                         id: row.id,
                         tid: row.tid.clone(),
-                        sequence: sequence.and_then(|s| i64::try_from(s).ok()),
+                        sequence: i64::try_from(*sequence).ok(),
                     });
                     let commit_to_ack = (now - row.created_at).to_std().unwrap_or_default();
                     metrics::record_ack(*latency, commit_to_ack.max(*latency));
@@ -277,9 +278,12 @@ fn assess(
                 Outcome::Failed {
                     error,
                     ambiguous,
-                    conflict,
+                    divergence,
                 } => {
-                    report.fence_conflicts += usize::from(*conflict);
+                    if let Some(divergence) = divergence {
+                        report.divergences += 1;
+                        metrics::record_divergence(divergence.kind);
+                    }
                     let failures = row.attempts + 1;
                     let delay = config.backoff.delay(failures, &mut rng);
                     let dead = settlement.fail(
@@ -288,6 +292,7 @@ fn assess(
                         config.max_attempts,
                         delay,
                         error.clone(),
+                        divergence.as_ref(),
                     );
                     if *ambiguous {
                         settlement.ambiguous.push(row.id);

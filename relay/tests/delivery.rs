@@ -577,14 +577,20 @@ async fn a_republish_after_the_dedupe_window_is_fenced_and_ends_sent(pool: PgPoo
     let check = testkit::check_stream(&stream, PREFIX);
     assert_eq!(check.messages, 2, "no second copy: {check:?}");
     assert!(check.holds(), "{check:?}");
-    // The row that found itself in the stream records its sequence; the one that found a later
-    // version records none.
+    // Each row records where the fence found its event: at its own version, not merely "a later
+    // version is there".
     let sequences: Vec<Option<i64>> =
         sqlx::query_scalar("SELECT stream_seq FROM outbox ORDER BY aggregate_version")
             .fetch_all(&h.pool)
             .await
             .expect("rows");
-    assert_eq!(sequences, vec![None, Some(stream[1].sequence as i64)]);
+    assert_eq!(
+        sequences,
+        vec![
+            Some(stream[0].sequence as i64),
+            Some(stream[1].sequence as i64)
+        ]
+    );
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
@@ -619,7 +625,7 @@ async fn a_copy_published_by_hand_does_not_wedge_the_aggregate(pool: PgPool) {
     testkit::pay_order(&h.store, order).await;
     let report = relay.step().await.expect("v2");
     assert_eq!(
-        (report.published, report.fence_conflicts, report.fenced),
+        (report.published, report.divergences, report.fenced),
         (1, 0, 0),
         "{report:?}"
     );
@@ -641,7 +647,7 @@ async fn a_copy_published_by_hand_does_not_wedge_the_aggregate(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
-async fn something_unaccountable_on_the_subject_is_a_named_conflict(pool: PgPool) {
+async fn something_unaccountable_on_the_subject_is_a_named_divergence(pool: PgPool) {
     let h = Harness::new(pool).await;
     let order = testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
     let other = testkit::place_order(&h.store, "bob", &["TEA:1:100"]).await;
@@ -659,20 +665,28 @@ async fn something_unaccountable_on_the_subject_is_a_named_conflict(pool: PgPool
 
     let report = relay.step().await.expect("step");
     assert_eq!(
-        (report.published, report.fence_conflicts, report.failed),
+        (report.published, report.divergences, report.failed),
         (1, 1, 1),
         "the other order flows: {report:?}"
     );
     let status = relay::admin::status(&h.pool, false).await.expect("status");
-    assert_eq!(status.fence_conflicts.len(), 1, "{status:?}");
-    let conflict = &status.fence_conflicts[0];
     assert_eq!(
-        (conflict.aggregate_id, conflict.aggregate_version),
+        (status.diverged, status.divergences.len()),
+        (1, 1),
+        "{status:?}"
+    );
+    let diverged = &status.divergences[0];
+    assert_eq!(
+        (diverged.aggregate_id, diverged.aggregate_version),
         (order.as_uuid(), 2)
     );
+    assert_eq!(
+        diverged.divergence.kind,
+        relay::fence::DivergenceKind::Foreign
+    );
     assert!(
-        conflict.last_error.contains("not a readable event"),
-        "{conflict:?}"
+        diverged.divergence.detail.contains("not a readable event"),
+        "{diverged:?}"
     );
     let mut stream = h.jetstream.get_stream(STREAM).await.expect("stream");
     let messages = stream.info().await.expect("info").state.messages;

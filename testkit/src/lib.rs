@@ -123,6 +123,54 @@ pub async fn pay_order(store: &EventStore, id: OrderId) {
         .expect("pay");
 }
 
+/// Ships a paid order through the event store.
+pub async fn ship_order(store: &EventStore, id: OrderId) {
+    let command = OrderCommand::Ship(domain::ShipOrder {
+        carrier: domain::Note::required("carrier", "DHL").expect("carrier"),
+        tracking_number: domain::Note::required("tracking_number", "T-1").expect("tracking"),
+    });
+    store
+        .execute(id, &command, &CommandContext::default())
+        .await
+        .expect("ship");
+}
+
+/// Cancels an order through the event store; returns the event id written.
+pub async fn cancel_order(store: &EventStore, id: OrderId) -> Uuid {
+    let command = OrderCommand::Cancel(domain::CancelOrder {
+        reason: domain::Note::required("reason", "changed my mind").expect("reason"),
+    });
+    let written = store
+        .execute(id, &command, &CommandContext::default())
+        .await
+        .expect("cancel");
+    written.event_ids[0]
+}
+
+/// Leaves the database as a restore from an older backup would: the aggregate's events after version
+/// `keep`, and their outbox rows, never happened. (Rows of `events` are otherwise immutable;
+/// replication mode skips the trigger that says so.)
+pub async fn restore_behind(pool: &PgPool, aggregate: Uuid, keep: i64) {
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *tx)
+        .await
+        .expect("replica mode");
+    sqlx::query("DELETE FROM outbox WHERE aggregate_id = $1 AND aggregate_version > $2")
+        .bind(aggregate)
+        .bind(keep)
+        .execute(&mut *tx)
+        .await
+        .expect("forget the later outbox rows");
+    sqlx::query("DELETE FROM events WHERE aggregate_id = $1 AND aggregate_version > $2")
+        .bind(aggregate)
+        .bind(keep)
+        .execute(&mut *tx)
+        .await
+        .expect("forget the later events");
+    tx.commit().await.expect("commit");
+}
+
 /// Counts rows of the outbox by status.
 pub async fn outbox_counts(pool: &PgPool) -> BTreeMap<String, i64> {
     let rows: Vec<(String, i64)> =

@@ -65,14 +65,24 @@ pub enum Command {
     /// The event catalog: every payload's JSON Schema, or (with --asyncapi) an AsyncAPI document of the
     /// stream's subjects, headers and messages; `show`, `diff` and `new-version` explore and extend it.
     Schema(SchemaArgs),
-    /// Inspect and repair the outbox: status, dead rows, purge (the same as `waybill-relay`).
+    /// Inspect and repair the outbox: status, dead rows, purge (the same as `waybill-relay`), and
+    /// verify or repair the stream against the event store.
     #[command(subcommand)]
-    Outbox(relay::cli::OutboxCommand),
+    Outbox(OutboxCommand),
     /// Least-privilege PostgreSQL roles for the processes (run as the database's owner).
     #[command(subcommand)]
     Roles(RolesCommand),
     #[command(flatten)]
     Order(OrderCommand),
+}
+
+/// `waybill outbox …`.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    #[command(flatten)]
+    Rows(relay::cli::OutboxCommand),
+    #[command(flatten)]
+    Stream(relay::cli::StreamCheckCommand),
 }
 
 /// The arguments of a command that another binary carries out (`waybill-lab`), passed on as given.

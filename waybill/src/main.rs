@@ -83,7 +83,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         redact(&cli.database.url)
                     )
                 })?;
-            relay::cli::run_outbox(&pool, command, cli.json).await
+            match command {
+                cli::OutboxCommand::Rows(command) => {
+                    relay::cli::run_outbox(&pool, command, cli.json).await
+                }
+                cli::OutboxCommand::Stream(command) => {
+                    relay::cli::run_stream_check(&pool, command, cli.json).await
+                }
+            }
         }
         Command::Roles(cli::RolesCommand::Create) => {
             roles_create(&cli.database.url, cli.json).await

@@ -273,8 +273,8 @@ fn render(overview: &Overview) -> String {
             Format::Count
         ),
         format_args!(
-            "<div class=\"row\"><dt>fence conflicts</dt><dd>{}</dd></div>",
-            r.field("snapshot.outbox.fence_conflicts.length", Format::Count)
+            "<div class=\"row\"><dt>diverged from the stream</dt><dd>{}</dd></div>",
+            r.field("snapshot.outbox.diverged", Format::Count)
         ),
         relay_counters(&r, &s.relay.metrics),
     );
