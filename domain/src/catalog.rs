@@ -20,7 +20,8 @@ pub struct PayloadSchema {
     pub schema: Value,
 }
 
-fn object(title: &str, required: &[&str], properties: Value) -> Value {
+/// A closed object schema (no other properties) with `required` fields.
+pub(crate) fn object(title: &str, required: &[&str], properties: Value) -> Value {
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": title,
@@ -35,10 +36,15 @@ fn cents() -> Value {
     json!({"type": "integer", "minimum": 1, "maximum": 1_000_000_000_000_i64})
 }
 
+/// A customer handle, as orders and customers carry it.
+pub(crate) fn customer_id() -> Value {
+    json!({"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$"})
+}
+
 /// The fields `order.placed` has had since v2.
 fn placed_fields() -> Value {
     json!({
-        "customer_id": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$"},
+        "customer_id": customer_id(),
         "currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
         "lines": {"type": "array", "maxItems": 500, "items": {
             "type": "object", "additionalProperties": false,
@@ -53,8 +59,15 @@ fn placed_fields() -> Value {
     })
 }
 
-/// Every payload schema, oldest version first within a type.
+/// Every payload schema of every aggregate type, oldest version first within a type.
 pub fn payload_schemas() -> Vec<PayloadSchema> {
+    let mut schemas = order_schemas();
+    schemas.extend(<crate::customer::Customer as crate::aggregate::Aggregate>::schemas());
+    schemas
+}
+
+/// The order's payload schemas, oldest version first within a type.
+pub(crate) fn order_schemas() -> Vec<PayloadSchema> {
     let text = |max: u32| json!({"type": "string", "maxLength": max});
     let cents = cents();
     vec![

@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::event::{AGGREGATE_TYPE, OrderEvent, PayloadError};
+use crate::aggregate::{Aggregate, AggregateId, DomainEvent};
+use crate::event::{OrderEvent, PayloadError};
+use crate::order::Order;
 use crate::upcast::{DowncastError, UpcastError, Upcasters, WriteVersions};
 use crate::values::OrderId;
 
@@ -21,9 +23,9 @@ pub struct EventEnvelope {
     pub event_type: String,
     /// Schema version of `payload` (≥ 1).
     pub event_version: i32,
-    /// Always `order` here.
+    /// The aggregate type, e.g. `order` or `customer`.
     pub aggregate_type: String,
-    /// The order's id.
+    /// The aggregate's id.
     pub aggregate_id: Uuid,
     /// 1-based position in the aggregate's stream: the per-aggregate order key.
     pub aggregate_version: i64,
@@ -50,15 +52,20 @@ pub struct EventMeta {
     pub causation_id: Option<Uuid>,
 }
 
-/// Why an envelope could not become an [`OrderEvent`].
+/// Why an envelope could not become an aggregate's event.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     /// The bytes are not an envelope at all.
     #[error("not an event envelope")]
     Envelope(#[from] serde_json::Error),
-    /// The envelope is about something other than an order.
-    #[error("aggregate type {0:?} is not an order")]
-    AggregateType(String),
+    /// The envelope is about another aggregate type than the one asked for.
+    #[error("aggregate type {found:?} is not {expected:?}")]
+    AggregateType {
+        /// The envelope's aggregate type.
+        found: String,
+        /// The type the reader decodes.
+        expected: &'static str,
+    },
     /// The `(event_type, event_version)` has no path to the current shape.
     #[error(transparent)]
     Upcast(#[from] UpcastError),
@@ -68,10 +75,20 @@ pub enum DecodeError {
 }
 
 impl EventEnvelope {
-    /// Wraps a freshly decided event in its envelope at `aggregate_version`.
+    /// Wraps a freshly decided order event in its envelope at `aggregate_version`.
     pub fn wrap(
         event: &OrderEvent,
         order_id: OrderId,
+        aggregate_version: i64,
+        meta: EventMeta,
+    ) -> Self {
+        Self::wrap_event::<Order>(event, order_id, aggregate_version, meta)
+    }
+
+    /// Wraps a freshly decided event of aggregate type `A` in its envelope at `aggregate_version`.
+    pub fn wrap_event<A: Aggregate>(
+        event: &A::Event,
+        id: A::Id,
         aggregate_version: i64,
         meta: EventMeta,
     ) -> Self {
@@ -79,8 +96,8 @@ impl EventEnvelope {
             event_id: meta.event_id,
             event_type: event.event_type().to_owned(),
             event_version: event.event_version(),
-            aggregate_type: AGGREGATE_TYPE.to_owned(),
-            aggregate_id: order_id.as_uuid(),
+            aggregate_type: A::TYPE.to_owned(),
+            aggregate_id: id.as_uuid(),
             aggregate_version,
             occurred_at: meta.occurred_at,
             correlation_id: meta.correlation_id,
@@ -89,17 +106,17 @@ impl EventEnvelope {
         }
     }
 
-    /// Like [`EventEnvelope::wrap`], but in the version `writes` asks for (downcast from the
+    /// Like [`EventEnvelope::wrap_event`], but in the version `writes` asks for (downcast from the
     /// current one), or why the event cannot be written that way.
-    pub fn wrap_as(
-        event: &OrderEvent,
-        order_id: OrderId,
+    pub fn wrap_as<A: Aggregate>(
+        event: &A::Event,
+        id: A::Id,
         aggregate_version: i64,
         meta: EventMeta,
         writes: &WriteVersions,
         upcasters: &Upcasters,
     ) -> Result<Self, DowncastError> {
-        let mut envelope = Self::wrap(event, order_id, aggregate_version, meta);
+        let mut envelope = Self::wrap_event::<A>(event, id, aggregate_version, meta);
         if let Some(version) = writes.get(&envelope.event_type)
             && version != envelope.event_version
         {
@@ -131,13 +148,21 @@ impl EventEnvelope {
         )
     }
 
-    /// Upcasts the payload to the current version and decodes it.
+    /// Upcasts the payload of an order event to the current version and decodes it.
     pub fn decode(&self, upcasters: &Upcasters) -> Result<OrderEvent, DecodeError> {
-        if self.aggregate_type != AGGREGATE_TYPE {
-            return Err(DecodeError::AggregateType(self.aggregate_type.clone()));
+        self.decode_for::<Order>(upcasters)
+    }
+
+    /// Upcasts the payload of an event of aggregate type `A` to the current version and decodes it.
+    pub fn decode_for<A: Aggregate>(&self, upcasters: &Upcasters) -> Result<A::Event, DecodeError> {
+        if self.aggregate_type != A::TYPE {
+            return Err(DecodeError::AggregateType {
+                found: self.aggregate_type.clone(),
+                expected: A::TYPE,
+            });
         }
         let payload =
             upcasters.upcast(&self.event_type, self.event_version, self.payload.clone())?;
-        Ok(OrderEvent::from_payload(&self.event_type, payload)?)
+        Ok(A::Event::from_payload(&self.event_type, payload)?)
     }
 }

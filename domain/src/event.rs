@@ -166,6 +166,22 @@ impl OrderEvent {
     }
 }
 
+impl crate::aggregate::DomainEvent for OrderEvent {
+    const CURRENT_VERSIONS: &'static [(&'static str, i32)] = CURRENT_VERSIONS;
+
+    fn event_type(&self) -> &'static str {
+        OrderEvent::event_type(self)
+    }
+
+    fn to_payload(&self) -> Value {
+        OrderEvent::to_payload(self)
+    }
+
+    fn from_payload(event_type: &str, payload: Value) -> Result<Self, PayloadError> {
+        OrderEvent::from_payload(event_type, payload)
+    }
+}
+
 /// The current payload version of `event_type`, or `None` for a type this code does not know.
 pub fn current_version(event_type: &str) -> Option<i32> {
     CURRENT_VERSIONS

@@ -8,7 +8,10 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::aggregate::{Aggregate, DomainError, Refusal};
+use crate::catalog::PayloadSchema;
 use crate::event::{OrderCancelled, OrderEvent, OrderPaid, OrderPlaced, OrderShipped};
+use crate::upcast::Upcasters;
 use crate::values::{Cents, Channel, Currency, CustomerId, Note, OrderId, OrderLine, ValueError};
 
 /// Place a new order.
@@ -297,6 +300,75 @@ impl Order {
             }
         }
         self
+    }
+}
+
+impl crate::aggregate::Command for OrderCommand {
+    type Aggregate = Order;
+
+    fn verb(&self) -> &'static str {
+        OrderCommand::verb(self)
+    }
+
+    fn creates(&self) -> bool {
+        matches!(self, Self::Place(_))
+    }
+}
+
+impl DomainError for OrderError {
+    fn refusal(&self) -> Refusal {
+        match self {
+            Self::NotFound(_) => Refusal::NotFound,
+            Self::AlreadyPlaced(_) | Self::AlreadyPaid(_) | Self::IllegalTransition { .. } => {
+                Refusal::Conflict
+            }
+            Self::NoLines
+            | Self::DuplicateSku(_)
+            | Self::TooManyLines { .. }
+            | Self::WrongAmount { .. }
+            | Self::InvalidValue(_) => Refusal::Invalid,
+        }
+    }
+}
+
+/// The order is the reference aggregate: every other type follows its shape.
+impl Aggregate for Order {
+    const TYPE: &'static str = crate::event::AGGREGATE_TYPE;
+    type Id = OrderId;
+    type Event = OrderEvent;
+    type Command = OrderCommand;
+    type Error = OrderError;
+
+    fn new(id: OrderId) -> Self {
+        Order::new(id)
+    }
+
+    fn id(&self) -> OrderId {
+        self.order_id
+    }
+
+    fn version(&self) -> i64 {
+        self.version
+    }
+
+    fn decide(&self, command: &OrderCommand) -> Result<Vec<OrderEvent>, OrderError> {
+        Order::decide(self, command)
+    }
+
+    fn apply(self, event: &OrderEvent) -> Self {
+        Order::apply(self, event)
+    }
+
+    fn not_found(id: OrderId) -> OrderError {
+        OrderError::NotFound(id)
+    }
+
+    fn upcasters() -> Upcasters {
+        Upcasters::orders()
+    }
+
+    fn schemas() -> Vec<PayloadSchema> {
+        crate::catalog::order_schemas()
     }
 }
 

@@ -110,13 +110,40 @@ pub struct Upcasters {
 }
 
 impl Upcasters {
+    /// The types of `E` at their current versions, with no steps (an aggregate whose events all
+    /// are at version 1 needs none).
+    pub fn for_events<E: crate::aggregate::DomainEvent>() -> Self {
+        E::CURRENT_VERSIONS
+            .iter()
+            .fold(Self::default(), |upcasters, (event_type, version)| {
+                upcasters.with_type(event_type, *version)
+            })
+    }
+
+    /// The registry of every aggregate type's events (their names never overlap: each starts with
+    /// its aggregate type).
+    pub fn all() -> Self {
+        use crate::aggregate::Aggregate;
+        crate::order::Order::upcasters().merge(crate::customer::Customer::upcasters())
+    }
+
+    /// This registry and `other`'s together.
+    pub fn merge(mut self, other: Self) -> Self {
+        self.current.extend(other.current);
+        self.steps.extend(other.steps);
+        self.step_names.extend(other.step_names);
+        self.down.extend(other.down);
+        self.caps.extend(other.caps);
+        self
+    }
+
     /// The registry for order events: every version ever written, up to [`CURRENT_VERSIONS`].
     pub fn orders() -> Self {
-        let mut upcasters = Self::default();
-        for (event_type, version) in CURRENT_VERSIONS {
-            upcasters = upcasters.with_type(event_type, *version);
-        }
-        upcasters
+        debug_assert_eq!(
+            CURRENT_VERSIONS,
+            <OrderEvent as crate::aggregate::DomainEvent>::CURRENT_VERSIONS
+        );
+        Self::for_events::<OrderEvent>()
             .with_named_step(
                 OrderEvent::PLACED,
                 1,

@@ -59,6 +59,16 @@ impl OrderId {
     }
 }
 
+impl crate::aggregate::AggregateId for OrderId {
+    fn from_uuid(id: Uuid) -> Self {
+        Self(id)
+    }
+
+    fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
 impl fmt::Display for OrderId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)

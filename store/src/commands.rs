@@ -237,7 +237,7 @@ impl EventStore {
                         correlation_id: Some(correlation_id),
                         causation_id: Some(causation_id),
                     };
-                    EventEnvelope::wrap_as(
+                    EventEnvelope::wrap_as::<domain::Order>(
                         event,
                         order_id,
                         version,

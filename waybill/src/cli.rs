@@ -382,7 +382,7 @@ impl WriteVersionArgs {
 }
 
 fn write_version(text: &str) -> Result<(String, i32), String> {
-    domain::WriteVersions::parse_one(text, &domain::Upcasters::orders())
+    domain::WriteVersions::parse_one(text, &domain::Upcasters::all())
 }
 
 /// `waybill place`.

@@ -76,7 +76,7 @@ pub struct Entry {
 }
 
 fn entries() -> Vec<Entry> {
-    let upcasters = Upcasters::orders();
+    let upcasters = Upcasters::all();
     payload_schemas()
         .into_iter()
         .map(|s| Entry {
@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn the_legacy_placed_event_upcasts_through_named_steps() {
-        let upcasters = Upcasters::orders();
+        let upcasters = Upcasters::all();
         let current = upcasters.current_version("order.placed").expect("known");
         let steps = chain(&upcasters, "order.placed", 1).expect("known");
         assert_eq!(steps.len() as i32, current - 1, "one step per version");

@@ -118,7 +118,7 @@ async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Erro
     let mut rows = rows;
     let more_events = rows.len() as i64 > MAX_EVENTS;
     rows.truncate(MAX_EVENTS as usize);
-    let upcasters = Upcasters::orders();
+    let upcasters = Upcasters::all();
     let mut marks: Vec<OrderMarks> = Vec::with_capacity(PROJECTIONS.len());
     for name in PROJECTIONS {
         marks.push(readside::order_marks(&console.pool, name, order).await);
