@@ -16,7 +16,7 @@ mod common;
 use common::Service;
 
 /// Clients placing and paying new orders, one request at a time each.
-const UNRELATED_CLIENTS: usize = 8;
+const UNRELATED_CLIENTS: usize = 4;
 /// Clients paying the locked order over and over.
 const LOCKED_CLIENTS: usize = 2;
 /// `waybill serve`'s `lock_timeout`: how long a statement waits for another transaction's lock.
