@@ -185,7 +185,8 @@ impl Writer {
     /// has gone (its request timed out) is not written: it was told nothing.
     async fn write(&mut self, group: Vec<Pending>) {
         let mut seen = HashSet::with_capacity(group.len());
-        let (mut together, mut after) = (Vec::with_capacity(group.len()), Vec::new());
+        let mut together = Vec::with_capacity(group.len());
+        let mut after = Vec::new();
         for pending in group {
             if pending.done.is_closed() {
                 continue;
@@ -206,7 +207,7 @@ impl Writer {
             metrics::histogram!("waybill_group_commit_appends").record(together.len() as f64);
             self.write_together(together).await;
         }
-        for pending in after.drain(..) {
+        for pending in after {
             self.lanes.push(pending);
         }
     }
