@@ -7,6 +7,7 @@ use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::alone::{self, Unwritten, is_lock_timeout};
 use crate::group_commit::GroupCommit;
 
 /// Extra facts recorded with an append.
@@ -51,6 +52,27 @@ pub enum AppendError {
     /// The batch is not a run of versions `expected + 1, expected + 2, ...` of one aggregate.
     #[error("invalid append: {0}")]
     InvalidBatch(&'static str),
+    /// Another transaction holds the aggregate (it wrote the aggregate's next version and has not
+    /// committed, or locked its rows) for longer than the lock timeout: nothing was written, and
+    /// retrying once that transaction ends may succeed.
+    #[error("aggregate {aggregate_id} is locked by another transaction: nothing was written")]
+    Locked {
+        /// The aggregate.
+        aggregate_id: Uuid,
+    },
+    /// The connection broke under the statement and what it did could not be found out (the
+    /// database could not be reached to end its session and read its rows): the events may or may
+    /// not be stored. Read the aggregate before retrying.
+    #[error(
+        "the connection broke while writing to aggregate {aggregate_id} and whether the events were stored cannot be found out"
+    )]
+    OutcomeUnknown {
+        /// The aggregate.
+        aggregate_id: Uuid,
+        /// How the connection broke.
+        #[source]
+        source: sqlx::Error,
+    },
     /// The database failed; nothing was written.
     #[error("appending events failed")]
     Database(#[from] sqlx::Error),
@@ -82,36 +104,16 @@ pub(crate) async fn append_with(
 ) -> Result<AppendResult, AppendError> {
     check_batch(aggregate_id, expected_version, events)?;
     let traceparent = options.traceparent.as_deref();
+    let part = Part::new(expected_version, events, traceparent);
     let written = match (&options.idempotency, group) {
         (None, Some(group)) => {
             group
                 .insert(aggregate_id, expected_version, events, traceparent)
                 .await
         }
-        (None, None) => {
-            let part = Part::new(expected_version, events, traceparent);
-            insert_events(pool, &[part]).await.map(|w| w.len() as u64)
-        }
+        (None, None) => alone::write(pool, aggregate_id, &part).await,
         (Some((key, request)), _) => {
-            let mut tx = pool.begin().await?;
-            record_key(
-                &mut tx,
-                key,
-                request,
-                aggregate_id,
-                expected_version,
-                events,
-            )
-            .await?;
-            let part = Part::new(expected_version, events, traceparent);
-            let written = insert_events(&mut *tx, &[part])
-                .await
-                .map(|w| w.len() as u64);
-            if matches!(written, Ok(n) if n == events.len() as u64) {
-                tx.commit().await?;
-            }
-            // Otherwise the transaction drops here and rolls back the key with everything else.
-            written
+            with_key(pool, key, request, aggregate_id, expected_version, &part).await?
         }
     };
     match written {
@@ -121,7 +123,14 @@ pub(crate) async fn append_with(
         }),
         // The guard found no event at `expected_version`: the caller is ahead of the store.
         Ok(_) => Err(conflict(pool, aggregate_id, expected_version).await),
-        Err(e) => Err(classify(pool, e, aggregate_id, expected_version).await),
+        Err(Unwritten::Error(error)) => {
+            Err(classify(pool, error, aggregate_id, expected_version).await)
+        }
+        Err(Unwritten::Locked) => Err(locked(aggregate_id)),
+        Err(Unwritten::Unknown(source)) => Err(AppendError::OutcomeUnknown {
+            aggregate_id,
+            source,
+        }),
     }
 }
 
@@ -242,6 +251,44 @@ pub(crate) async fn insert_events(
     .await
 }
 
+/// Writes `part` in one transaction with the record of `key`, rolled back together when the
+/// events are refused. The outer error: the key is taken, or recording it failed.
+async fn with_key(
+    pool: &PgPool,
+    key: &str,
+    request: &Value,
+    aggregate_id: Uuid,
+    expected_version: i64,
+    part: &Part<'_>,
+) -> Result<Result<u64, Unwritten>, AppendError> {
+    let mut tx = pool.begin().await?;
+    record_key(
+        &mut tx,
+        key,
+        request,
+        aggregate_id,
+        expected_version,
+        part.events,
+    )
+    .await?;
+    let written = match insert_events(&mut *tx, std::slice::from_ref(part)).await {
+        Ok(written) => written.len() as u64,
+        // The transaction drops here and rolls back the key with everything else.
+        Err(error) => return Ok(Err(Unwritten::Error(error))),
+    };
+    if written != part.events.len() as u64 {
+        return Ok(Ok(written));
+    }
+    Ok(match tx.commit().await {
+        Ok(()) => Ok(written),
+        // The server answered the commit: it did not happen.
+        Err(error @ sqlx::Error::Database(_)) => Err(Unwritten::Error(error)),
+        // No answer to the commit: it may have happened. A retry with the same key finds out
+        // (the key's record commits with the events, or neither does).
+        Err(error) => Err(Unwritten::Unknown(error)),
+    })
+}
+
 async fn record_key(
     tx: &mut Transaction<'_, Postgres>,
     key: &str,
@@ -283,6 +330,9 @@ async fn classify(
         .as_database_error()
         .and_then(|e| e.constraint())
         .map(str::to_owned);
+    if is_lock_timeout(&err) {
+        return locked(aggregate_id);
+    }
     match constraint.as_deref() {
         Some("events_aggregate_version_key") => {
             conflict(pool, aggregate_id, expected_version).await
@@ -290,6 +340,11 @@ async fn classify(
         Some("events_event_id_key") => AppendError::DuplicateEventId,
         _ => AppendError::Database(err),
     }
+}
+
+fn locked(aggregate_id: Uuid) -> AppendError {
+    metrics::counter!("waybill_appends_locked_total").increment(1);
+    AppendError::Locked { aggregate_id }
 }
 
 async fn conflict(pool: &PgPool, aggregate_id: Uuid, expected: i64) -> AppendError {

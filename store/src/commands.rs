@@ -75,6 +75,16 @@ pub enum CommandError {
         /// The version found.
         actual: i64,
     },
+    /// Another transaction holds the order (another writer wrote its next version and has not
+    /// committed, or holds its rows locked) for longer than the lock timeout: nothing was written;
+    /// retrying shortly may succeed. Every other order is written meanwhile.
+    #[error(
+        "order {order_id} is locked by another transaction (another writer holds it, uncommitted): nothing was written; retry shortly"
+    )]
+    Locked {
+        /// The order.
+        order_id: OrderId,
+    },
     /// The idempotency key was first used for a different request.
     #[error("idempotency key {0:?} was already used for a different request")]
     KeyReused(String),
@@ -128,6 +138,7 @@ pub struct EventStore {
 impl EventStore {
     /// A store on `pool` that reads order events with the standard upcasters.
     pub fn new(pool: PgPool) -> Self {
+        crate::alone::describe_metrics();
         Self {
             pool,
             upcasters: Arc::new(Upcasters::orders()),
@@ -308,6 +319,7 @@ impl EventStore {
                         None => Err(CommandError::Append(AppendError::IdempotencyKeyTaken(key))),
                     };
                 }
+                Err(AppendError::Locked { .. }) => return Err(CommandError::Locked { order_id }),
                 Err(other) => return Err(CommandError::Append(other)),
             }
         }

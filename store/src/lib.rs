@@ -3,10 +3,13 @@
 //!
 //! Nothing here talks to NATS: only the relay publishes.
 
+mod alone;
 mod append;
+mod backend;
 mod commands;
 mod database;
 mod group_commit;
+mod lanes;
 mod load;
 mod notify;
 pub mod roles;
@@ -14,7 +17,7 @@ pub mod roles;
 pub use append::{AppendError, AppendOptions, AppendResult, append};
 pub use commands::{CommandContext, CommandError, CommandOutcome, EventStore};
 pub use database::migrate;
-pub use group_commit::GroupCommit;
+pub use group_commit::{GroupCommit, GroupCommitSettings};
 pub use load::{EnvelopeRow, LoadError, load_envelopes, load_order};
 pub use notify::{OUTBOX_CHANNEL, OutboxNotifier, notify_now};
 

@@ -1,14 +1,20 @@
 //! Group commit against a real PostgreSQL: commands that arrive together share a statement and a
 //! commit, and every caller still gets the answer it would have had alone — written, conflicting or
-//! refused — when two of the group are for one order or another writer took a version under it.
+//! refused — when two of the group are for one order or another writer took a version under it; a
+//! lock held elsewhere holds up only its own order's commands; and a statement whose connection
+//! breaks is answered with what it really did.
 
 use domain::{
     CancelOrder, Currency, CustomerId, Note, OrderCommand, OrderError, OrderId, OrderLine,
     OrderStatus, PlaceOrder,
 };
+use std::time::{Duration, Instant};
+
 use futures::future::join_all;
 use sqlx::PgPool;
-use store::{CommandContext, CommandError, EventStore, GroupCommit};
+use sqlx::postgres::PgPoolOptions;
+use store::{CommandContext, CommandError, EventStore, GroupCommit, GroupCommitSettings};
+use testkit::CutProxy;
 use uuid::Uuid;
 
 fn place_command() -> OrderCommand {
@@ -145,10 +151,15 @@ async fn a_group_that_collides_with_another_writer_answers_each_command_alone(po
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn a_command_whose_caller_has_gone_is_not_written(pool: PgPool) {
     // One writer task, held up: another transaction wrote version 1 of `held` and has not committed,
-    // so the statement placing `held` waits for it. Meanwhile `gone` is queued and its caller gives up
-    // (a request timed out): it was told nothing, so nothing may be written for it.
-    let store =
-        EventStore::new(pool.clone()).with_group_commit(GroupCommit::spawn(pool.clone(), 1));
+    // so the statement placing `held` waits for it (a long group lock wait, to keep the writer
+    // there). Meanwhile `gone` is queued and its caller gives up (a request timed out): it was told
+    // nothing, so nothing may be written for it.
+    let settings = GroupCommitSettings {
+        writers: 1,
+        lock_wait: Duration::from_secs(60),
+    };
+    let store = EventStore::new(pool.clone())
+        .with_group_commit(GroupCommit::spawn_with(pool.clone(), settings));
     let (held, gone, after) = (
         OrderId::from_uuid(Uuid::now_v7()),
         OrderId::from_uuid(Uuid::now_v7()),
@@ -172,9 +183,9 @@ async fn a_command_whose_caller_has_gone_is_not_written(pool: PgPool) {
                 .await
         }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let gave_up = tokio::time::timeout(
-        std::time::Duration::from_millis(300),
+        Duration::from_millis(300),
         store.execute(gone, &place_command(), &CommandContext::default()),
     )
     .await;
@@ -202,4 +213,224 @@ async fn a_command_whose_caller_has_gone_is_not_written(pool: PgPool) {
         "a command nobody waits for was written"
     );
     assert_eq!(written.len(), 2, "{written:?}");
+}
+
+/// A pool on `pool`'s database whose sessions wait `lock_timeout` for another transaction's lock,
+/// through `proxy` when one is given.
+async fn pool_with(pool: &PgPool, lock_timeout: &str, proxy: Option<&CutProxy>) -> PgPool {
+    let mut options = pool
+        .connect_options()
+        .as_ref()
+        .clone()
+        .options([("lock_timeout", lock_timeout)]);
+    if let Some(proxy) = proxy {
+        options = options.host("127.0.0.1").port(proxy.port());
+    }
+    PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("pool")
+}
+
+/// A proxy in front of the test's PostgreSQL.
+async fn proxy_for(pool: &PgPool) -> CutProxy {
+    let options = pool.connect_options();
+    let upstream = tokio::net::lookup_host((options.get_host(), options.get_port()))
+        .await
+        .expect("the server's address")
+        .next()
+        .expect("an address");
+    CutProxy::start(upstream).await.expect("proxy")
+}
+
+/// Another transaction writes version 1 of `order` and holds it uncommitted: placing `order`
+/// waits for it.
+async fn hold(pool: &PgPool, order: OrderId) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut other = pool.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
+                             aggregate_version, occurred_at, payload)
+         VALUES (gen_random_uuid(), 'order.placed', 1, 'order', $1, 1, now(), '{}')",
+    )
+    .bind(order.as_uuid())
+    .execute(&mut *other)
+    .await
+    .expect("the other transaction's row");
+    other
+}
+
+/// The client port (as the server sees it) of the statement that has waited on a lock for longer
+/// than `for_at_least`.
+async fn waiting_on_a_lock(pool: &PgPool, for_at_least: Duration) -> u16 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let port: Option<i32> = sqlx::query_scalar(
+            "SELECT client_port FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND now() - query_start > make_interval(secs => $1)",
+        )
+        .bind(for_at_least.as_secs_f64())
+        .fetch_optional(pool)
+        .await
+        .expect("pg_stat_activity");
+        if let Some(port) = port {
+            return u16::try_from(port).expect("a port");
+        }
+        assert!(Instant::now() < deadline, "no statement waits on a lock");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Waits until no other session of the database runs a statement: a backend the client lost has
+/// committed or given up by then.
+async fn quiet(pool: &PgPool) {
+    testkit::wait_until(Duration::from_secs(20), "no statement running", || async {
+        scalar(
+            pool,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()",
+        )
+        .await
+            == 0
+    })
+    .await;
+}
+
+async fn events_of(pool: &PgPool, order: OrderId) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM events WHERE aggregate_id = $1")
+        .bind(order.as_uuid())
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_locked_order_holds_up_only_its_own_commands(pool: PgPool) {
+    // Another transaction holds `held`. Its commands wait for it (2 s, the pool's lock timeout)
+    // and are told it is locked; every other order is placed meanwhile without waiting for them.
+    let writes = pool_with(&pool, "2s", None).await;
+    let store = EventStore::new(writes.clone()).with_group_commit(GroupCommit::spawn(writes, 1));
+    let held = OrderId::from_uuid(Uuid::now_v7());
+    let other = hold(&pool, held).await;
+    let started = Instant::now();
+    let placing_held = [0, 1].map(|_| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let answer = store
+                .execute(held, &place_command(), &CommandContext::default())
+                .await;
+            (answer, started.elapsed())
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let others = Instant::now();
+    for _ in 0..20 {
+        store
+            .execute(
+                OrderId::from_uuid(Uuid::now_v7()),
+                &place_command(),
+                &CommandContext::default(),
+            )
+            .await
+            .expect("placed");
+    }
+    let others = others.elapsed();
+    // Held behind the lock, they would take at least the lock timeout.
+    assert!(
+        others < Duration::from_secs(2),
+        "20 other orders, one after another, took {others:?} while one order was locked"
+    );
+    for placing in placing_held {
+        let (answer, after) = placing.await.expect("joins");
+        assert!(
+            matches!(answer, Err(CommandError::Locked { order_id }) if order_id == held),
+            "{answer:?}"
+        );
+        assert!(after < Duration::from_secs(3), "answered after {after:?}");
+    }
+    other.rollback().await.expect("rollback");
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM events").await, 20);
+    assert_eq!(events_of(&pool, held).await, 0);
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_group_cut_off_while_it_waits_on_a_lock_is_settled_by_the_truth(pool: PgPool) {
+    // The group's statement waits on `held`'s lock when its connection breaks on the client's
+    // side; its backend goes on waiting. Were the rows read at once, they would say "not written"
+    // and a second write would race the first for the same events once the lock goes. Ending the
+    // backend first makes "not written" true: the command is then written once, and answered so.
+    let proxy = proxy_for(&pool).await;
+    let writes = pool_with(&pool, "30s", Some(&proxy)).await;
+    let settings = GroupCommitSettings {
+        writers: 1,
+        lock_wait: Duration::from_secs(60),
+    };
+    let store = EventStore::new(writes.clone())
+        .with_group_commit(GroupCommit::spawn_with(writes, settings));
+    let held = OrderId::from_uuid(Uuid::now_v7());
+    let other = hold(&pool, held).await;
+    let placing = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .execute(held, &place_command(), &CommandContext::default())
+                .await
+        }
+    });
+    let port = waiting_on_a_lock(&pool, Duration::from_millis(300)).await;
+    assert!(proxy.cut(port), "the group's connection is cut");
+    // Time to settle the group and hand it to its lane, then the lock goes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    other.rollback().await.expect("rollback");
+    let answer = tokio::time::timeout(Duration::from_secs(20), placing)
+        .await
+        .expect("answered")
+        .expect("joins");
+    quiet(&pool).await;
+    let outcome = answer.expect("placed: the cut statement never committed, the lone write did");
+    assert_eq!(outcome.aggregate_version, 1);
+    assert_eq!(events_of(&pool, held).await, 1);
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, 1);
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_lone_write_cut_off_while_it_waits_on_a_lock_is_answered_with_the_truth(pool: PgPool) {
+    // The group gives up on `held`'s lock at once and hands it to its lane; the lane's lone write
+    // waits on the lock when its connection breaks on the client's side. Its backend goes on
+    // waiting and would commit once the lock goes: the caller must not be told "failed" for that.
+    let proxy = proxy_for(&pool).await;
+    let writes = pool_with(&pool, "30s", Some(&proxy)).await;
+    let settings = GroupCommitSettings {
+        writers: 1,
+        lock_wait: Duration::from_millis(1),
+    };
+    let store = EventStore::new(writes.clone())
+        .with_group_commit(GroupCommit::spawn_with(writes, settings));
+    let held = OrderId::from_uuid(Uuid::now_v7());
+    let other = hold(&pool, held).await;
+    let placing = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .execute(held, &place_command(), &CommandContext::default())
+                .await
+        }
+    });
+    // The group's statement gave up after 1 ms: a statement waiting longer is the lone write's.
+    let port = waiting_on_a_lock(&pool, Duration::from_millis(300)).await;
+    assert!(proxy.cut(port), "the lone write's connection is cut");
+    let answer = tokio::time::timeout(Duration::from_secs(20), placing)
+        .await
+        .expect("answered")
+        .expect("joins");
+    // The lock goes only once the caller has its answer: a backend still alive would commit now.
+    other.rollback().await.expect("rollback");
+    quiet(&pool).await;
+    let stored = events_of(&pool, held).await;
+    match &answer {
+        Ok(outcome) => assert_eq!((outcome.aggregate_version, stored), (1, 1)),
+        Err(error) => assert_eq!(stored, 0, "told {error} for a command that was written"),
+    }
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, stored);
 }

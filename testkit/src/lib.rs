@@ -1,8 +1,9 @@
 //! What tests, benchmarks and the lab (demo, chaos and load tool) need to stand the system up and
 //! check it: private nats-server and PostgreSQL instances, free ports, the URL of a `#[sqlx::test]`
-//! database (to hand to a binary), seeding orders through the real command path, reading a stream
-//! back, polling until a condition holds, and measurement helpers for the benchmark programs. A
-//! dev-dependency of the libraries and a dependency of `lab` only; no service links it.
+//! database (to hand to a binary), a proxy whose connections break on the client's side only,
+//! seeding orders through the real command path, reading a stream back, polling until a condition
+//! holds, and measurement helpers for the benchmark programs. A dev-dependency of the libraries and
+//! a dependency of `lab` only; no service links it.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -15,6 +16,7 @@ use sqlx::PgPool;
 use store::{CommandContext, EventStore};
 use uuid::Uuid;
 
+pub mod cut_proxy;
 pub mod local_nats;
 pub mod local_postgres;
 pub mod nats_cluster;
@@ -22,6 +24,7 @@ pub mod secure_nats;
 pub mod stats;
 mod stream;
 
+pub use cut_proxy::CutProxy;
 pub use local_nats::{NatsServer, find_binary, free_port, free_ports, server_version};
 pub use local_postgres::{PostgresServer, reachable};
 pub use nats_cluster::NatsCluster;

@@ -16,7 +16,7 @@ use domain::{
 };
 use serde::Deserialize;
 use serde_json::json;
-use store::{CommandContext, CommandError, CommandOutcome, EventStore, LoadError};
+use store::{AppendError, CommandContext, CommandError, CommandOutcome, EventStore, LoadError};
 use uuid::Uuid;
 
 /// Request bodies larger than this are refused with 413 (500 lines fit in about 40 KiB).
@@ -55,6 +55,8 @@ pub struct Problem {
     status: StatusCode,
     kind: &'static str,
     detail: String,
+    /// Seconds for `Retry-After`: the condition is expected to pass.
+    retry_after: Option<u32>,
 }
 
 impl Problem {
@@ -63,7 +65,13 @@ impl Problem {
             status,
             kind,
             detail: detail.into(),
+            retry_after: None,
         }
+    }
+
+    fn retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 }
 
@@ -80,6 +88,11 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         if self.status == StatusCode::PAYLOAD_TOO_LARGE {
             // The rest of the body is never read, so the connection cannot carry another request;
             // saying so keeps a client from sending its next request into a closing socket.
@@ -121,6 +134,26 @@ impl From<CommandError> for Problem {
             }
             CommandError::Conflict { .. } => {
                 Problem::new(StatusCode::CONFLICT, "version-conflict", detail)
+            }
+            // Another session holds the order: only its commands waited, and a retry once that
+            // session ends succeeds. When it ends is unknown (another writer of the order commits
+            // in milliseconds; a frozen one is ended by its idle timeout or an operator), so the
+            // hint is short.
+            CommandError::Locked { order_id } => {
+                tracing::warn!(%order_id, "order locked by another transaction; answered 503");
+                Problem::new(StatusCode::SERVICE_UNAVAILABLE, "order-locked", detail).retry_after(1)
+            }
+            CommandError::Append(AppendError::OutcomeUnknown { aggregate_id, .. }) => {
+                tracing::error!(error = %ops::error_chain(&error), "command outcome unknown");
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "outcome-unknown",
+                    format!(
+                        "the database connection broke while order {aggregate_id} was being \
+                         written, and whether it was cannot be told yet: read /orders/{aggregate_id} \
+                         before sending the command again"
+                    ),
+                )
             }
             CommandError::KeyReused(_) => Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -128,11 +128,11 @@ const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// `waybill serve`: the HTTP order service, and its metrics and health check on their own listener.
 async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
     // A command waits on another transaction's lock only while that one writes the same order's
-    // version, which takes milliseconds — unless its process froze mid-transaction. Group commit
-    // writes many commands with one statement, so such a wait would hold them all: give up after
-    // `LOCK_TIMEOUT` (the group is then written one command at a time, side by side, and only the
-    // command that collides fails, "retry later"). And end this service's own transactions if it
-    // freezes.
+    // version, which takes milliseconds — unless its process froze mid-transaction. Group commit's
+    // statement waits for such a lock only briefly (its own `lock_timeout`, 100 ms) and then hands
+    // its commands to lone writes, which wait up to `LOCK_TIMEOUT` each, off the group's path: only
+    // the locked order's commands wait, and then fail with 503 order-locked. And end this
+    // service's own transactions if it freezes.
     let settings = [
         ("lock_timeout", format!("{}ms", LOCK_TIMEOUT.as_millis())),
         ("idle_in_transaction_session_timeout", "15s".to_owned()),

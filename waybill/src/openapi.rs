@@ -21,14 +21,18 @@ fn problem(description: &str) -> Value {
 }
 
 /// The problems every order operation can answer besides its own: a fault on the database's side
-/// (500), the edge's request timeout (503, `ops::edge`), and an order holding an event written by a
-/// newer version of the service (503, type `urn:waybill:problem:upgrade-required`).
+/// (500), the edge's request timeout (503, `ops::edge`), an order holding an event written by a
+/// newer version of the service (503, type `urn:waybill:problem:upgrade-required`), and an order
+/// locked by another database session (503 with `Retry-After`, type
+/// `urn:waybill:problem:order-locked`).
 fn faults(responses: &mut Value) {
     responses["500"] =
         problem("The request could not be completed (a database fault); retry later");
     responses["503"] = problem(
         "The request was not completed within the request timeout, or the order holds an event \
-         written by a newer version of waybill (upgrade-required: upgrade this service)",
+         written by a newer version of waybill (upgrade-required: upgrade this service), or \
+         another database session holds the order locked (order-locked, with Retry-After: \
+         nothing was written; retry then)",
     );
 }
 

@@ -809,8 +809,8 @@ async fn the_edge_limits_are_flags(pool: PgPool) {
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn a_writer_frozen_mid_transaction_stalls_only_its_own_orders(pool: PgPool) {
     // Another writer froze with version 2 of two orders written and not committed. Paying either waits
-    // for it; group commit's writer task is then waiting. The lock timeout gives up on it
-    // (500, retry later; nothing written) so that a new order is still served.
+    // for it, alone, off group commit's path, so a new order is served meanwhile; the lock timeout
+    // gives up on it (503 order-locked with Retry-After; nothing written).
     let s = Service::start(&pool).await;
     let line = json!([{"sku": "MUG", "quantity": 1, "unit_price_cents": 900}]);
     let (first, _) = s.place(line.clone()).await;
@@ -830,13 +830,16 @@ async fn a_writer_frozen_mid_transaction_stalls_only_its_own_orders(pool: PgPool
     let pay = |id: String| {
         let (client, url) = (s.client.clone(), s.url(&format!("/orders/{id}/pay")));
         tokio::spawn(async move {
-            client
+            let response = client
                 .post(url)
                 .json(&json!({"amount_cents": 900}))
                 .send()
                 .await
-                .expect("pay")
-                .status()
+                .expect("pay");
+            (
+                response.status(),
+                response.headers().contains_key("retry-after"),
+            )
         })
     };
     let payments = [pay(first), pay(second)];
@@ -853,11 +856,12 @@ async fn a_writer_frozen_mid_transaction_stalls_only_its_own_orders(pool: PgPool
     .expect("a new order is not held behind the frozen writer");
     assert_eq!(placed.status(), StatusCode::CREATED);
     for payment in payments {
-        let status = tokio::time::timeout(Duration::from_secs(30), payment)
+        let (status, retry_after) = tokio::time::timeout(Duration::from_secs(30), payment)
             .await
             .expect("the payments give up")
             .expect("task");
-        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(retry_after, "503 order-locked says when to retry");
     }
     frozen.rollback().await.expect("rollback");
     assert_eq!(events(&pool).await, 3, "the payments wrote nothing");
