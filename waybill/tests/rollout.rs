@@ -132,7 +132,7 @@ async fn readers_first_then_writers(pool: PgPool) {
         .expect("json");
     assert_eq!(read_back["channel"], "web", "a v2 order reads as web");
 
-    common::relay_everything(&url, &nats.url(), STREAM, PREFIX).await;
+    testkit::relay_everything(&url, &nats.url(), STREAM, PREFIX).await;
 
     // A reader rehearsing the old binary parks the v3 order and applies the v2 one.
     let old_reader = inventory(
