@@ -2,15 +2,14 @@
 //! projection's parked messages and held events (with redrive, discard and release buttons when
 //! actions are on and the projection's operator API is known; else the command that does it).
 
-use std::fmt::Write as _;
-
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
+use maud::{Markup, html};
 
-use super::Shared;
-use super::html::{self, Section, esc, esc_bytes, esc_capped};
-use super::readside;
+use crate::Shared;
+use crate::html::{self, Section};
+use crate::readside;
 
 /// Rows listed at most per page.
 const LIMIT: i64 = 200;
@@ -30,100 +29,113 @@ pub async fn dead(State(console): State<Shared>) -> Response {
             return html::error_page(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "Dead rows could not be read",
-                "The database did not answer; the service log has the error.",
+                "The database did not answer; the console's log has the error.",
                 operator,
             );
         }
     };
-    let mut body = String::from(
-        "<h1>Dead outbox rows</h1><p class=\"lead\">Events the relay gave up publishing after its \
-         last attempt, oldest first; each holds back its order's later events. Replaying puts a row \
-         back to pending with its attempts reset (the same as <code>waybill outbox dead replay</code>).</p>",
-    );
-    if operator {
-        body.push_str(&operator_panel(
-            false,
-            "<button type=\"button\" data-replay=\"all\">Replay every dead row</button>",
-        ));
-    } else {
-        body.push_str(
-            "<p class=\"note\">Actions are off: this service was started without an operator token \
-             (<code>--operator-token</code> or <code>WAYBILL_OPERATOR_TOKEN</code>). Run \
-             <code>waybill outbox dead replay &lt;id&gt;</code> instead.</p>",
-        );
-    }
-    if rows.is_empty() {
-        body.push_str("<p data-testid=\"dead-empty\">No dead rows.</p>");
-    } else {
-        body.push_str(
-            "<table class=\"grid\"><thead><tr><th scope=\"col\">Outbox id</th><th scope=\"col\">Order · version</th>\
-             <th scope=\"col\">Event</th><th scope=\"col\">Attempts</th><th scope=\"col\">Dead since</th>\
-             <th scope=\"col\">Reason</th><th scope=\"col\">Waiting behind</th><th scope=\"col\">Action</th></tr></thead><tbody>",
-        );
-        for row in &rows {
-            let _ = write!(
-                body,
-                "<tr><td>{id}</td><td><a href=\"/console/orders/{order}\">{order}</a> · v{v}</td>\
-                 <td>{ty}<br><code class=\"small\">{event}</code></td><td>{attempts}</td><td>{at}</td>\
-                 <td class=\"error\">{reason}</td><td>{behind}</td><td>{action}</td></tr>",
-                id = row.id,
-                order = row.aggregate_id,
-                v = row.aggregate_version,
-                ty = esc(&row.event_type),
-                event = row.event_id,
-                attempts = row.attempts,
-                at = row.dead_at.map(time).unwrap_or_default(),
-                reason = esc_capped(row.dead_reason.as_deref().unwrap_or("")),
-                behind = row.waiting_behind,
-                action = if operator {
-                    format!(
-                        "<button type=\"button\" data-replay=\"{}\">Replay</button>",
-                        row.id
-                    )
-                } else {
-                    format!("<code>waybill outbox dead replay {}</code>", row.id)
-                },
-            );
+    let body = html! {
+        h1 { "Dead outbox rows" }
+        p.lead {
+            "Events the relay gave up publishing after its last attempt, oldest first; each holds \
+             back its order's later events. Replaying puts a row back to pending with its attempts \
+             reset (the same as " code { "waybill outbox dead replay" } ")."
         }
-        body.push_str("</tbody></table>");
-    }
+        @if operator {
+            (operator_panel(false, html! {
+                button type="button" data-replay="all" { "Replay every dead row" }
+            }))
+        } @else {
+            p.note {
+                (actions_off()) " Run " code { "waybill outbox dead replay <id>" } " instead."
+            }
+        }
+        @if rows.is_empty() {
+            p data-testid="dead-empty" { "No dead rows." }
+        } @else {
+            table.grid {
+                thead { tr {
+                    th scope="col" { "Outbox id" } th scope="col" { "Order · version" }
+                    th scope="col" { "Event" } th scope="col" { "Attempts" } th scope="col" { "Dead since" }
+                    th scope="col" { "Reason" } th scope="col" { "Waiting behind" } th scope="col" { "Action" }
+                } }
+                tbody {
+                    @for row in &rows {
+                        tr {
+                            td { (row.id) }
+                            td { (order_link(row.aggregate_id)) " · v" (row.aggregate_version) }
+                            td { (html::text(&row.event_type)) br; code.small { (row.event_id) } }
+                            td { (row.attempts) }
+                            td { @if let Some(at) = row.dead_at { (time(at)) } }
+                            td.error { (html::capped(row.dead_reason.as_deref().unwrap_or(""))) }
+                            td { (row.waiting_behind) }
+                            td {
+                                @if operator {
+                                    button type="button" data-replay=(row.id) { "Replay" }
+                                } @else {
+                                    code { "waybill outbox dead replay " (row.id) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
     html::respond(
         StatusCode::OK,
-        html::page("Dead rows", Section::Lists, operator, &body),
+        html::page("Dead rows", Section::Lists, operator, body),
     )
+}
+
+/// Why a page has no buttons when the console has no token.
+fn actions_off() -> Markup {
+    html! {
+        "Actions are off: this console was started without an operator token ("
+        code { "--operator-token" } " or " code { "WAYBILL_OPERATOR_TOKEN" } ")."
+    }
+}
+
+fn order_link(order: uuid::Uuid) -> Markup {
+    html! { a href={ "/console/orders/" (order) } { (order) } }
 }
 
 /// The operator's inputs (token; with `decisions`, who acts and why, for the projection's operator log)
 /// and the page's bulk `buttons`, with the line where results are shown.
-fn operator_panel(decisions: bool, buttons: &str) -> String {
-    let decisions = if decisions {
-        "<p><label for=\"by\">Acting as</label> <input id=\"by\" autocomplete=\"username\" data-by> \
-         <label for=\"reason\">Reason</label> <input id=\"reason\" size=\"40\" data-reason> \
-         <span class=\"muted small\">both recorded in the projection's operator log; a discard or a \
-         release needs a reason</span></p>"
-    } else {
-        ""
-    };
-    format!(
-        "<div class=\"card operator\" data-operator-panel><label for=\"token\">Operator token</label> \
-         <input id=\"token\" type=\"password\" autocomplete=\"off\" data-token> \
-         <span class=\"muted small\">kept in this tab only; sent as Authorization: Bearer</span>\
-         {decisions}<p>{buttons} <output data-result role=\"status\"></output></p></div>"
-    )
+fn operator_panel(decisions: bool, buttons: Markup) -> Markup {
+    html! {
+        div.card.operator data-operator-panel {
+            label for="token" { "Operator token" } " "
+            input #token type="password" autocomplete="off" data-token;
+            " " span.muted.small { "kept in this tab only; sent as Authorization: Bearer" }
+            @if decisions {
+                p {
+                    label for="by" { "Acting as" } " "
+                    input #by autocomplete="username" data-by;
+                    " " label for="reason" { "Reason" } " "
+                    input #reason size="40" data-reason;
+                    " " span.muted.small {
+                        "both recorded in the projection's operator log; a discard or a release needs a reason"
+                    }
+                }
+            }
+            p { (buttons) " " output data-result role="status" {} }
+        }
+    }
 }
 
 /// Why a projection's list has no buttons: actions are off, or its operator API is not known.
-fn no_actions(console: &Shared, name: &str) -> String {
-    if console.operator() {
-        format!(
-            "<p class=\"note\">This service does not know the {name} projection's operator API: start \
-             it with <code>--projection-api {name}=http://&lt;its --listen address&gt;</code> (and the \
-             projection with the same operator token) to act from here.</p>"
-        )
-    } else {
-        "<p class=\"note\">Actions are off: this service was started without an operator token \
-         (<code>--operator-token</code> or <code>WAYBILL_OPERATOR_TOKEN</code>).</p>"
-            .to_owned()
+fn no_actions(console: &Shared, name: &str) -> Markup {
+    html! {
+        @if console.operator() {
+            p.note {
+                "This console does not know the " (name) " projection's operator API: start it with "
+                code { "--projection-api " (name) "=http://<its --listen address>" }
+                " (and the projection with the same operator token) to act from here."
+            }
+        } @else {
+            p.note { (actions_off()) }
+        }
     }
 }
 
@@ -139,11 +151,20 @@ fn unknown(console: &Shared, name: &str) -> Response {
     )
 }
 
-fn absent(name: &str) -> String {
-    format!(
-        "<p class=\"note\">The {name} projection was not found in this database: its schema is \
-         absent (not started yet, or it keeps its state in another database).</p>",
-        name = esc(name)
+fn absent(name: &str) -> Markup {
+    html! {
+        p.note {
+            "The " (name) " projection was not found in this database: its schema is absent (not \
+             started yet, or it keeps its state in another database)."
+        }
+    }
+}
+
+/// The list page of projection `name`.
+fn list_page(console: &Shared, title: String, body: Markup) -> Response {
+    html::respond(
+        StatusCode::OK,
+        html::page(&title, Section::Lists, console.operator(), body),
     )
 }
 
@@ -154,94 +175,81 @@ pub async fn parked(State(console): State<Shared>, Path(name): Path<String>) -> 
         return unknown(&console, &name);
     };
     let acts = console.acts_in(name);
-    let mut body = format!(
-        "<h1>Parked in {name}</h1><p class=\"lead\">Poison the {name} projection set aside with its \
-         reason, newest first; each holds back its order's later versions. Redrive re-applies every \
-         parked message (after an upgrade taught the code its shape); discard gives up on one on \
-         purpose. On the command line, with the projection's <code>DATABASE_URL</code> and NATS \
-         settings: <code>waybill-{name} redrive</code>, <code>waybill-{name} parked discard ID \
-         --reason '…' --by you</code>.</p>"
-    );
-    if acts {
-        body.push_str(&operator_panel(
-            true,
-            &format!(
-                "<button type=\"button\" data-needs-reason data-action=\"/console/api/projections/{name}/redrive\" \
-                 data-confirm=\"Redrive the parked messages of {name}?\">Redrive parked messages</button>"
-            ),
-        ));
-    } else {
-        body.push_str(&no_actions(&console, name));
+    let rows = readside::parked(&console.pool, name, LIMIT).await;
+    if let Err(error) = &rows {
+        tracing::warn!(projection = name, %error, "console cannot list parked messages");
     }
-    match readside::parked(&console.pool, name, LIMIT).await {
-        Ok(None) => body.push_str(&absent(name)),
-        Ok(Some(rows)) if rows.is_empty() => {
-            body.push_str("<p data-testid=\"parked-empty\">Nothing is parked.</p>")
+    let body = html! {
+        h1 { "Parked in " (name) }
+        p.lead {
+            "Poison the " (name) " projection set aside with its reason, newest first; each holds back \
+             its order's later versions. Redrive re-applies every parked message (after an upgrade \
+             taught the code its shape); discard gives up on one on purpose. On the command line, with \
+             the projection's " code { "DATABASE_URL" } " and NATS settings: "
+            code { "waybill-" (name) " redrive" } ", "
+            code { "waybill-" (name) " parked discard ID --reason '…' --by you" } "."
         }
-        Ok(Some(rows)) => {
-            body.push_str(
-                "<table class=\"grid\"><thead><tr><th scope=\"col\">Id</th><th scope=\"col\">Order · version</th>\
-                 <th scope=\"col\">Stream seq · subject</th><th scope=\"col\">Reason</th>\
-                 <th scope=\"col\">Body (start)</th><th scope=\"col\">Discard</th></tr></thead><tbody>",
-            );
-            for row in &rows {
-                let order = match row.aggregate_id {
-                    Some(id) => format!(
-                        "<a href=\"/console/orders/{id}\">{id}</a> · v{}",
-                        row.aggregate_version
-                            .map_or("?".to_owned(), |v| v.to_string())
-                    ),
-                    None => "unreadable".to_owned(),
-                };
-                let _ = write!(
-                    body,
-                    "<tr><td>{id}<br><span class=\"small muted\">{at}</span></td><td>{order}</td>\
-                     <td>{seq}<br><code class=\"small\">{subject}</code></td><td class=\"error\">{reason}</td>\
-                     <td><details><summary>{size} bytes</summary><pre class=\"json\">{body}</pre></details></td>\
-                     <td>{discard}</td></tr>",
-                    id = row.id,
-                    at = time(row.parked_at),
-                    seq = row
-                        .stream_sequence
-                        .map_or("—".to_owned(), |s| s.to_string()),
-                    subject = esc(&row.subject),
-                    reason = esc_capped(&row.reason),
-                    size = row.body_size,
-                    body = esc_bytes(&row.body),
-                    discard = if acts {
-                        format!(
-                            "<button type=\"button\" data-needs-reason \
-                             data-action=\"/console/api/projections/{name}/parked/{}/discard\">Discard</button>",
-                            row.id
-                        )
-                    } else {
-                        format!(
-                            "<code class=\"small\">waybill-{name} parked discard {} --reason '…' --by you</code>",
-                            row.id
-                        )
-                    },
-                );
+        @if acts {
+            (operator_panel(true, html! {
+                button type="button" data-needs-reason
+                    data-action={ "/console/api/projections/" (name) "/redrive" }
+                    data-confirm={ "Redrive the parked messages of " (name) "?" } { "Redrive parked messages" }
+            }))
+        } @else {
+            (no_actions(&console, name))
+        }
+        @match &rows {
+            Ok(None) => { (absent(name)) }
+            Ok(Some(rows)) if rows.is_empty() => { p data-testid="parked-empty" { "Nothing is parked." } }
+            Ok(Some(rows)) => {
+                table.grid {
+                    thead { tr {
+                        th scope="col" { "Id" } th scope="col" { "Order · version" }
+                        th scope="col" { "Stream seq · subject" } th scope="col" { "Reason" }
+                        th scope="col" { "Body (start)" } th scope="col" { "Discard" }
+                    } }
+                    tbody {
+                        @for row in rows {
+                            tr {
+                                td { (row.id) br; span.small.muted { (time(row.parked_at)) } }
+                                td {
+                                    @match row.aggregate_id {
+                                        Some(id) => {
+                                            (order_link(id)) " · v"
+                                            (row.aggregate_version.map_or("?".to_owned(), |v| v.to_string()))
+                                        }
+                                        None => { "unreadable" }
+                                    }
+                                }
+                                td {
+                                    (row.stream_sequence.map_or("—".to_owned(), |s| s.to_string())) br;
+                                    code.small { (html::text(&row.subject)) }
+                                }
+                                td.error { (html::capped(&row.reason)) }
+                                td {
+                                    details {
+                                        summary { (row.body_size) " bytes" }
+                                        pre.json { (html::capped(&String::from_utf8_lossy(&row.body))) }
+                                    }
+                                }
+                                td {
+                                    @if acts {
+                                        button type="button" data-needs-reason
+                                            data-action={ "/console/api/projections/" (name) "/parked/" (row.id) "/discard" }
+                                            { "Discard" }
+                                    } @else {
+                                        code.small { "waybill-" (name) " parked discard " (row.id) " --reason '…' --by you" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
             }
-            body.push_str("</tbody></table>");
+            Err(error) => { p.error { "The parked table could not be read: " (html::text(&error.to_string())) } }
         }
-        Err(error) => {
-            tracing::warn!(projection = name, %error, "console cannot list parked messages");
-            let _ = write!(
-                body,
-                "<p class=\"error\">The parked table could not be read: {}</p>",
-                esc(&error.to_string())
-            );
-        }
-    }
-    html::respond(
-        StatusCode::OK,
-        html::page(
-            &format!("Parked in {name}"),
-            Section::Lists,
-            console.operator(),
-            &body,
-        ),
-    )
+    };
+    list_page(&console, format!("Parked in {name}"), body)
 }
 
 /// `GET /console/projections/{name}/held`.
@@ -251,75 +259,56 @@ pub async fn held(State(console): State<Shared>, Path(name): Path<String>) -> Re
         return unknown(&console, &name);
     };
     let acts = console.acts_in(name);
-    let mut body = format!(
-        "<h1>Held in {name}</h1><p class=\"lead\">Events that reached the {name} projection before \
-         their predecessor, by order and version. They are applied as soon as the predecessor is. \
-         Releasing an order skips its missing versions on purpose and applies what is held behind \
-         them; on the command line: <code>waybill-{name} held release ORDER_ID --reason '…' --by \
-         you</code>.</p>"
-    );
-    if acts {
-        body.push_str(&operator_panel(true, ""));
-    } else {
-        body.push_str(&no_actions(&console, name));
+    let rows = readside::held(&console.pool, name, LIMIT).await;
+    if let Err(error) = &rows {
+        tracing::warn!(projection = name, %error, "console cannot list held events");
     }
-    match readside::held(&console.pool, name, LIMIT).await {
-        Ok(None) => body.push_str(&absent(name)),
-        Ok(Some(rows)) if rows.is_empty() => {
-            body.push_str("<p data-testid=\"held-empty\">Nothing is held.</p>")
+    let body = html! {
+        h1 { "Held in " (name) }
+        p.lead {
+            "Events that reached the " (name) " projection before their predecessor, by order and \
+             version. They are applied as soon as the predecessor is. Releasing an order skips its \
+             missing versions on purpose and applies what is held behind them; on the command line: "
+            code { "waybill-" (name) " held release ORDER_ID --reason '…' --by you" } "."
         }
-        Ok(Some(rows)) => {
-            body.push_str(
-                "<table class=\"grid\"><thead><tr><th scope=\"col\">Order · version</th><th scope=\"col\">Held since</th>\
-                 <th scope=\"col\">Waits for</th><th scope=\"col\">Release</th></tr></thead><tbody>",
-            );
-            for row in &rows {
-                let waits = match row.behind_parked {
-                    Some(id) => format!(
-                        "v{} — parked as <a href=\"/console/projections/{name}/parked\">#{id}</a>",
-                        row.waiting_for
-                    ),
-                    None => format!("v{}", row.waiting_for),
-                };
-                let _ = write!(
-                    body,
-                    "<tr><td><a href=\"/console/orders/{order}\">{order}</a> · v{v}</td><td>{at}</td>\
-                     <td>{waits}</td><td>{release}</td></tr>",
-                    order = row.aggregate_id,
-                    release = if acts {
-                        format!(
-                            "<button type=\"button\" data-needs-reason \
-                             data-action=\"/console/api/projections/{name}/held/{}/release\">Release the order</button>",
-                            row.aggregate_id
-                        )
-                    } else {
-                        format!(
-                            "<code class=\"small\">waybill-{name} held release {} --reason '…' --by you</code>",
-                            row.aggregate_id
-                        )
-                    },
-                    v = row.version,
-                    at = time(row.held_at),
-                );
+        @if acts { (operator_panel(true, html! {})) } @else { (no_actions(&console, name)) }
+        @match &rows {
+            Ok(None) => { (absent(name)) }
+            Ok(Some(rows)) if rows.is_empty() => { p data-testid="held-empty" { "Nothing is held." } }
+            Ok(Some(rows)) => {
+                table.grid {
+                    thead { tr {
+                        th scope="col" { "Order · version" } th scope="col" { "Held since" }
+                        th scope="col" { "Waits for" } th scope="col" { "Release" }
+                    } }
+                    tbody {
+                        @for row in rows {
+                            tr {
+                                td { (order_link(row.aggregate_id)) " · v" (row.version) }
+                                td { (time(row.held_at)) }
+                                td {
+                                    "v" (row.waiting_for)
+                                    @if let Some(id) = row.behind_parked {
+                                        " — parked as "
+                                        a href={ "/console/projections/" (name) "/parked" } { "#" (id) }
+                                    }
+                                }
+                                td {
+                                    @if acts {
+                                        button type="button" data-needs-reason
+                                            data-action={ "/console/api/projections/" (name) "/held/" (row.aggregate_id) "/release" }
+                                            { "Release the order" }
+                                    } @else {
+                                        code.small { "waybill-" (name) " held release " (row.aggregate_id) " --reason '…' --by you" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
             }
-            body.push_str("</tbody></table>");
+            Err(error) => { p.error { "The held table could not be read: " (html::text(&error.to_string())) } }
         }
-        Err(error) => {
-            tracing::warn!(projection = name, %error, "console cannot list held events");
-            let _ = write!(
-                body,
-                "<p class=\"error\">The held table could not be read: {}</p>",
-                esc(&error.to_string())
-            );
-        }
-    }
-    html::respond(
-        StatusCode::OK,
-        html::page(
-            &format!("Held in {name}"),
-            Section::Lists,
-            console.operator(),
-            &body,
-        ),
-    )
+    };
+    list_page(&console, format!("Held in {name}"), body)
 }
