@@ -182,8 +182,11 @@ async fn a_login_without_the_consoles_role_is_told_what_to_grant(pool: PgPool) {
         .args(["run", "--listen", "127.0.0.1:0"])
         .env("DATABASE_URL", &app.url)
         .env("RUST_LOG", "warn")
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(30), run)
         .await
+        .expect("it stops at once instead of serving")
         .expect("runs");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{stderr}");
