@@ -330,21 +330,8 @@ async fn actions_need_the_operator_token(pool: PgPool) {
         .execute(&pool)
         .await
         .expect("a dead row");
-    let replay = |service: &Console, auth: Option<&str>| {
-        let mut request = service
-            .client
-            .post(format!("{}/console/api/outbox/dead/replay", service.base))
-            .json(&json!({"target": "all"}));
-        if let Some(auth) = auth {
-            request = request.header("Authorization", auth);
-        }
-        request.send()
-    };
-
     let reader = Console::start_with(&pool, &["--nats-url", "nats://127.0.0.1:1"]).await;
-    let refused = replay(&reader, Some("Bearer anything-at-all-1234"))
-        .await
-        .expect("answers");
+    let refused = reader.replay_all(Some("Bearer anything-at-all-1234")).await;
     assert_eq!(refused.status(), 403);
     let page = reader
         .client
@@ -376,17 +363,7 @@ async fn actions_need_the_operator_token(pool: PgPool) {
         ],
     )
     .await;
-    assert_eq!(
-        replay(&operator, None).await.expect("answers").status(),
-        401
-    );
-    let wrong = replay(&operator, Some("Bearer correct-horse-battery-stapl")).await;
-    assert_eq!(wrong.expect("answers").status(), 401);
-    let done = replay(&operator, Some(&format!("Bearer {token}")))
-        .await
-        .expect("answers");
-    assert_eq!(done.status(), 200);
-    assert_eq!(done.json::<Value>().await.expect("json")["replayed"], 1);
+    assert_eq!(operator.replay_with_the_token_only(token).await, 1);
     let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'dead'")
         .fetch_one(&pool)
         .await

@@ -7,7 +7,7 @@
 mod common;
 
 use common::Console;
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::PgPool;
 use store::EventStore;
 use testkit::Login;
@@ -100,29 +100,7 @@ async fn the_console_works_as_a_member_of_waybill_console_only(pool: PgPool) {
     }
 
     // The replay needs the token, and then writes through this role.
-    let replay = |auth: Option<&str>| {
-        let mut request = console
-            .client
-            .post(format!("{}/console/api/outbox/dead/replay", console.base))
-            .json(&json!({"target": "all"}));
-        if let Some(auth) = auth {
-            request = request.header("Authorization", auth);
-        }
-        request.send()
-    };
-    assert_eq!(replay(None).await.expect("answers").status(), 401);
-    assert_eq!(
-        replay(Some("Bearer not-the-token-at-all"))
-            .await
-            .expect("answers")
-            .status(),
-        401
-    );
-    let done = replay(Some(&format!("Bearer {TOKEN}")))
-        .await
-        .expect("answers");
-    assert_eq!(done.status(), 200);
-    assert_eq!(done.json::<Value>().await.expect("json")["replayed"], 1);
+    assert_eq!(console.replay_with_the_token_only(TOKEN).await, 1);
     assert_eq!(sessions(&pool, &login.name).await, (true, true));
     drop(console);
 

@@ -74,6 +74,34 @@ impl Console {
             .expect("JSON")
     }
 
+    /// `POST /console/api/outbox/dead/replay` of every dead row, with `authorization` if given.
+    pub async fn replay_all(&self, authorization: Option<&str>) -> reqwest::Response {
+        let mut request = self
+            .client
+            .post(format!("{}/console/api/outbox/dead/replay", self.base))
+            .json(&serde_json::json!({"target": "all"}));
+        if let Some(authorization) = authorization {
+            request = request.header("Authorization", authorization);
+        }
+        request.send().await.expect("answers")
+    }
+
+    /// Replays every dead row as an operator would, after checking that a request without the
+    /// token and one with a wrong token are refused (401); returns how many rows were replayed.
+    #[allow(
+        dead_code,
+        reason = "not every test file that shares this module replays"
+    )]
+    pub async fn replay_with_the_token_only(&self, token: &str) -> u64 {
+        assert_eq!(self.replay_all(None).await.status(), 401);
+        let wrong = format!("Bearer {}x", &token[..token.len() - 1]);
+        assert_eq!(self.replay_all(Some(&wrong)).await.status(), 401);
+        let done = self.replay_all(Some(&format!("Bearer {token}"))).await;
+        assert_eq!(done.status(), 200);
+        let answer: serde_json::Value = done.json().await.expect("JSON");
+        answer["replayed"].as_u64().expect("a count")
+    }
+
     /// The status of `GET {base}{path}`.
     #[allow(
         dead_code,
