@@ -35,7 +35,6 @@ use tokio::sync::Mutex;
 pub use actions::ProjectionApi;
 pub use database::{Database, DatabaseError};
 use pipeline::{EventCounter, History, Snapshot};
-pub use readside::PROJECTIONS;
 pub use relays::metrics_url;
 use stream::StreamSource;
 pub use upstream::Endpoint;
