@@ -230,6 +230,28 @@ pub async fn replace(tx: &mut PgConnection, from: &str, to: &str) -> Result<(), 
     Ok(())
 }
 
+/// The console's database role (`waybill roles create` makes it, `store::roles`). The console reads
+/// every projection's runner tables, but the schema belongs to the projection's login, and only an
+/// owner can grant on it, so the projection does, each time it creates or opens its schema, when the
+/// role exists. A role made later is granted at the projection's next start.
+pub const CONSOLE_ROLE: &str = "waybill_console";
+
+/// Grants the console the reading of the runner tables (inside [`create`]'s transaction, whose
+/// search path is the schema). A login that does not own the schema gets a warning, not a failure to
+/// start: the console then says it may not read them.
+fn console_grants(schema: &str) -> String {
+    format!(
+        "DO $$ BEGIN
+             IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{CONSOLE_ROLE}') THEN
+                 GRANT USAGE ON SCHEMA \"{schema}\" TO {CONSOLE_ROLE};
+                 GRANT SELECT ON checkpoints, held, parked, operator_log TO {CONSOLE_ROLE};
+             END IF;
+         EXCEPTION WHEN insufficient_privilege THEN
+             RAISE WARNING 'the console cannot be granted the reading of schema {schema}: only its owner can grant it';
+         END $$;"
+    )
+}
+
 async fn create(conn: &mut PgConnection, schema: &str, tables: &str) -> Result<(), SchemaError> {
     // One implicit transaction (several statements in one simple query): the lock serializes two
     // instances starting together, and SET LOCAL scopes the search path to this DDL.
@@ -237,7 +259,9 @@ async fn create(conn: &mut PgConnection, schema: &str, tables: &str) -> Result<(
         "SELECT pg_advisory_xact_lock(hashtext('waybill.projection.schema'));
          CREATE SCHEMA IF NOT EXISTS \"{schema}\";
          SET LOCAL search_path = \"{schema}\";
-         {RUNNER_TABLES} {tables}"
+         {RUNNER_TABLES} {tables}
+         {grants}",
+        grants = console_grants(schema)
     )))
     .execute(&mut *conn)
     .await

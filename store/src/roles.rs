@@ -6,11 +6,28 @@
 //!   It cannot read or change `events`.
 //! - `waybill_projection` — may create and own its own schemas in the database; no access to `events`,
 //!   `outbox` or anything else of the event store.
+//! - `waybill_console` — the console (`waybill-console`): reads events, the outbox and its journal;
+//!   updates only the outbox columns a dead row's replay changes. The projections' bookkeeping tables
+//!   it reads are granted to it by each projection when it creates its schema (the schema's owner is
+//!   the projection's login, so only it can grant them; `projections::schema`).
 
 use sqlx::PgPool;
 
 /// The group roles, in the order they are created.
-pub const ROLES: [&str; 3] = ["waybill_app", "waybill_relay", "waybill_projection"];
+pub const ROLES: [&str; 4] = [
+    "waybill_app",
+    "waybill_relay",
+    "waybill_projection",
+    CONSOLE_ROLE,
+];
+
+/// The console's role; each projection grants it the reading of its bookkeeping tables when the role
+/// exists (`projections::schema`, which names it too: the read side does not link the store).
+pub const CONSOLE_ROLE: &str = "waybill_console";
+
+/// The outbox columns a dead row's replay sets (`relay::admin::replay_dead`): all the console may
+/// change.
+const REPLAY_COLUMNS: &str = "status, attempts, next_run_at, dead_at, dead_reason";
 
 /// Creates the group roles when missing and (re)grants exactly their privileges on the database of
 /// `pool`. Idempotent. Returns one line per statement that ran, for the operator.
@@ -37,16 +54,19 @@ pub async fn create_roles(pool: &PgPool) -> sqlx::Result<Vec<String>> {
         .await?;
     let quoted = format!("\"{}\"", database.replace('"', "\"\""));
     let grants = [
-        format!("GRANT CONNECT ON DATABASE {quoted} TO waybill_app, waybill_relay, waybill_projection"),
+        format!("GRANT CONNECT ON DATABASE {quoted} TO waybill_app, waybill_relay, waybill_projection, waybill_console"),
         format!("GRANT CREATE ON DATABASE {quoted} TO waybill_projection"),
-        "REVOKE ALL ON events, outbox, outbox_inflight, command_idempotency FROM waybill_app, waybill_relay, waybill_projection".to_owned(),
-        "GRANT USAGE ON SCHEMA public TO waybill_app, waybill_relay".to_owned(),
+        // Table-level revokes take the column grants (the console's UPDATE) with them.
+        "REVOKE ALL ON events, outbox, outbox_inflight, command_idempotency FROM waybill_app, waybill_relay, waybill_projection, waybill_console".to_owned(),
+        "GRANT USAGE ON SCHEMA public TO waybill_app, waybill_relay, waybill_console".to_owned(),
         "GRANT SELECT, INSERT ON events TO waybill_app".to_owned(),
         "GRANT INSERT ON outbox TO waybill_app".to_owned(),
         "GRANT SELECT, INSERT ON command_idempotency TO waybill_app".to_owned(),
         "GRANT SELECT, UPDATE, DELETE ON outbox TO waybill_relay".to_owned(),
         "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_inflight TO waybill_relay".to_owned(),
         "GRANT EXECUTE ON FUNCTION waybill_end_stale_claims(interval) TO waybill_relay".to_owned(),
+        "GRANT SELECT ON events, outbox, outbox_inflight TO waybill_console".to_owned(),
+        format!("GRANT UPDATE ({REPLAY_COLUMNS}) ON outbox TO waybill_console"),
     ];
     for grant in grants {
         sqlx::query(sqlx::AssertSqlSafe(grant.clone()))

@@ -19,7 +19,9 @@ use uuid::Uuid;
 pub mod cut_proxy;
 pub mod local_nats;
 pub mod local_postgres;
+pub mod login;
 pub mod nats_cluster;
+mod relaying;
 pub mod secure_nats;
 pub mod stats;
 mod stream;
@@ -27,7 +29,9 @@ mod stream;
 pub use cut_proxy::CutProxy;
 pub use local_nats::{NatsServer, find_binary, free_port, free_ports, server_version};
 pub use local_postgres::{PostgresServer, reachable};
+pub use login::Login;
 pub use nats_cluster::NatsCluster;
+pub use relaying::relay_everything;
 pub use stream::{StoredEvent, StreamCheck, check_stream, stream_events, versions_by_aggregate};
 
 /// A finished command as a test reads it: its exit code (-1 when a signal ended it) and its output
@@ -78,6 +82,16 @@ pub fn build_workspace_binaries(crate_dir: &str) {
         .status()
         .expect("cargo runs");
     assert!(built.success(), "the workspace's binaries build");
+}
+
+/// Another crate's binary (`waybill-relay`, `waybill-inventory`, …), built now with the whole
+/// workspace if needed: it lands beside `own_binary` (a test's `env!("CARGO_BIN_EXE_<name>")`) in the
+/// same target directory. `crate_dir` is the test's `env!("CARGO_MANIFEST_DIR")`.
+pub fn workspace_binary(crate_dir: &str, own_binary: &str, name: &str) -> std::path::PathBuf {
+    build_workspace_binaries(crate_dir);
+    let binary = std::path::Path::new(own_binary).with_file_name(name);
+    assert!(binary.is_file(), "{} is missing", binary.display());
+    binary
 }
 
 /// The URL of the database `pool` is connected to, on the server and as the user of `DATABASE_URL`.

@@ -234,57 +234,6 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub versions: WriteVersionArgs,
-
-    #[command(flatten)]
-    pub console: ConsoleArgs,
-}
-
-/// The console (`/console`): where it reads the stream, and whether it may change anything.
-#[derive(Debug, Args)]
-pub struct ConsoleArgs {
-    /// Serve no console: /console and everything under it answer 404.
-    #[arg(long, env = "WAYBILL_NO_CONSOLE", conflicts_with = "console_listen")]
-    pub no_console: bool,
-
-    /// Serve the console on this address instead of the API's (e.g. on loopback or an operators'
-    /// network, while the API faces clients): the console shows every order and every parked body.
-    #[arg(long, env = "WAYBILL_CONSOLE_LISTEN", value_name = "ADDR")]
-    pub console_listen: Option<std::net::SocketAddr>,
-
-    /// The NATS server the console reads the stream from (the service starts and serves orders
-    /// without it; the console then shows the stream as unavailable). Boxed: its many optional
-    /// credentials would make `serve` the one large variant of the command enum.
-    #[command(flatten)]
-    pub nats: Box<ops::NatsConnection>,
-
-    /// JetStream stream the console shows.
-    #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM)]
-    pub stream: String,
-
-    /// Subject prefix of the stream (an order's events are on <prefix>.order.<id>).
-    #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX)]
-    pub subject_prefix: String,
-
-    /// Enables the console's state-changing actions (replaying dead outbox rows), each of which
-    /// then requires `Authorization: Bearer <token>`. Without it the console only reads. At least
-    /// 16 characters; prefer the environment variable (flags show up in `ps`).
-    #[arg(long, env = "WAYBILL_OPERATOR_TOKEN", hide_env_values = true, value_parser = ops::OperatorToken::parse)]
-    pub operator_token: Option<ops::OperatorToken>,
-
-    /// A relay's metrics endpoint (`waybill-relay run --metrics-listen`), e.g.
-    /// http://127.0.0.1:9464/metrics: the console scrapes it with each sample (1 s timeout) for the
-    /// counters only the relays keep — duplicate PubAcks and fenced publishes — and shows them per
-    /// relay and in total. Repeat it once per relay (comma-separated in the environment variable).
-    #[arg(long = "relay-metrics", env = "WAYBILL_RELAY_METRICS", value_name = "URL", value_delimiter = ',', value_parser = waybill::console::metrics_url)]
-    pub relay_metrics: Vec<waybill::console::Endpoint>,
-
-    /// A projection's operator API, as NAME=URL (e.g. inventory=http://127.0.0.1:8081, its
-    /// `run --listen` address): the console's redrive, discard and release buttons call it with this
-    /// service's operator token, so start the projection with the same one. Repeat it once per
-    /// projection (comma-separated in the environment variable). Without it, the console shows the
-    /// command to run instead.
-    #[arg(long = "projection-api", env = "WAYBILL_PROJECTION_APIS", value_name = "NAME=URL", value_delimiter = ',', value_parser = waybill::console::ProjectionApi::parse)]
-    pub projection_apis: Vec<waybill::console::ProjectionApi>,
 }
 
 /// The limits of the HTTP edge, on both listeners.

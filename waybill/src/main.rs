@@ -166,22 +166,14 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
         })
     });
     let edge = args.edge.config();
-    let console_listen = args.console.console_listen;
-    let console = console(database_url, args.console).await?;
-    let (api_routes, console) = match (console, console_listen) {
-        (Some(console), Some(listen)) => {
-            let served = ops::serve_with(listen, console, ops::shutdown_signal(), edge)
-                .await
-                .with_context(|| format!("cannot listen on {listen} for the console"))?;
-            tracing::info!(console = %served.address, "console on its own address");
-            (http::router(store), Some(served))
-        }
-        (Some(console), None) => (http::router(store).merge(console), None),
-        (None, _) => (http::router(store), None),
-    };
-    let api = ops::serve_with(args.listen, api_routes, ops::shutdown_signal(), edge)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let api = ops::serve_with(
+        args.listen,
+        http::router(store),
+        ops::shutdown_signal(),
+        edge,
+    )
+    .await
+    .with_context(|| format!("cannot listen on {}", args.listen))?;
     let telemetry = ops::serve_with(
         args.metrics_listen,
         ops::telemetry_routes(metrics, health),
@@ -191,51 +183,8 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
     .await
     .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
     tracing::info!(api = %api.address, metrics = %telemetry.address, "order service listening");
-    let console_stopped = async {
-        if let Some(console) = console {
-            console.stopped().await;
-        }
-    };
-    tokio::join!(api.stopped(), telemetry.stopped(), console_stopped);
+    tokio::join!(api.stopped(), telemetry.stopped());
     Ok(())
-}
-
-/// The console's routes, unless `--no-console`.
-async fn console(
-    database_url: &str,
-    args: cli::ConsoleArgs,
-) -> anyhow::Result<Option<axum::Router>> {
-    if args.no_console {
-        return Ok(None);
-    }
-    // Its own small pool: a console left open must never take the order service's connections.
-    // The statement timeout bounds each sample's queries: on a slow database, samples fail (and
-    // say so) instead of piling up behind one another on the pool's few connections.
-    let pool = ops::database::connect_with(
-        database_url,
-        "waybill-console",
-        4,
-        &[("statement_timeout", "5s".to_owned())],
-    )
-    .await
-    .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
-    let nats = *args.nats;
-    tracing::info!(
-        nats = %nats.shown(),
-        stream = %args.stream,
-        actions = args.operator_token.is_some(),
-        relays_scraped = args.relay_metrics.len(),
-        "console at /console"
-    );
-    let config = waybill::console::ConsoleConfig {
-        nats: Some(nats),
-        stream: args.stream,
-        subject_prefix: args.subject_prefix,
-        operator_token: args.operator_token,
-        relay_metrics: args.relay_metrics,
-        projection_apis: args.projection_apis,
-    };
-    Ok(Some(waybill::console::router(pool, config)))
 }
 
 async fn order_command(

@@ -88,16 +88,7 @@ async fn readers_first_then_writers(pool: PgPool) {
     let url = testkit::database_url(&pool).await;
 
     // Expand: writers still write v2.
-    let old_writer = Service::start_with(
-        &pool,
-        &[
-            "--nats-url",
-            "nats://127.0.0.1:1",
-            "--write-version",
-            "order.placed=2",
-        ],
-    )
-    .await;
+    let old_writer = Service::start_with(&pool, &["--write-version", "order.placed=2"]).await;
     let (status, v2_order) = place(&old_writer, "vera", "web", "CUP").await;
     assert_eq!(status, 201, "{v2_order}");
     let v2_id = v2_order["order_id"].as_str().expect("id").to_owned();
@@ -113,7 +104,7 @@ async fn readers_first_then_writers(pool: PgPool) {
     drop(old_writer);
 
     // Then writers switch to v3.
-    let new_writer = Service::start_with(&pool, &["--nats-url", "nats://127.0.0.1:1"]).await;
+    let new_writer = Service::start_with(&pool, &[]).await;
     let (status, v3_order) = place(&new_writer, "walt", "store", "BOWL").await;
     assert_eq!(status, 201, "{v3_order}");
     let v3_id = v3_order["order_id"].as_str().expect("id").to_owned();
@@ -132,7 +123,7 @@ async fn readers_first_then_writers(pool: PgPool) {
         .expect("json");
     assert_eq!(read_back["channel"], "web", "a v2 order reads as web");
 
-    common::relay_everything(&url, &nats.url(), STREAM, PREFIX).await;
+    testkit::relay_everything(&url, &nats.url(), STREAM, PREFIX).await;
 
     // A reader rehearsing the old binary parks the v3 order and applies the v2 one.
     let old_reader = inventory(

@@ -3,8 +3,8 @@
 //! `--help` or by a failed login.
 
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
-use testkit::Run;
+use testkit::login::denied;
+use testkit::{Login, Run};
 use uuid::Uuid;
 
 async fn waybill(envs: &[(&str, &str)], args: &[&str]) -> Run {
@@ -105,58 +105,6 @@ async fn sslmode_require_encrypts_and_the_commands_work(pool: PgPool) {
     }
 }
 
-/// A login user of the test server, member of one group role; dropped by the caller.
-struct Login {
-    name: String,
-    url: String,
-    /// One connection as that user.
-    pool: PgPool,
-}
-
-/// A login user in `group`, on the server of `DATABASE_URL`, and a connection as it.
-async fn login_user(pool: &PgPool, group: &str) -> Login {
-    let name = format!("wb_test_{}", Uuid::now_v7().simple());
-    let sql = format!("CREATE ROLE {name} LOGIN PASSWORD 'pw' IN ROLE {group}");
-    sqlx::query(sqlx::AssertSqlSafe(sql))
-        .execute(pool)
-        .await
-        .expect("create login");
-    let url = testkit::database_url(pool).await;
-    // The test server trusts local connections; the user name is what matters for privileges.
-    let (scheme_rest, database) = url.rsplit_once('/').expect("url with database");
-    let host = scheme_rest
-        .rsplit_once('@')
-        .map_or(scheme_rest.trim_start_matches("postgres://"), |(_, h)| h);
-    let url = format!("postgres://{name}@{host}/{database}");
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .expect("log in");
-    Login { name, url, pool }
-}
-
-async fn drop_user(pool: &PgPool, name: &str) {
-    let database: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(pool)
-        .await
-        .expect("db");
-    for sql in [
-        format!("REVOKE ALL ON DATABASE \"{database}\" FROM {name}"),
-        format!("DROP OWNED BY {name}"),
-        format!("DROP ROLE {name}"),
-    ] {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await;
-    }
-}
-
-async fn denied(pool: &PgPool, sql: &'static str) -> bool {
-    match sqlx::query(sql).execute(pool).await {
-        Ok(_) => false,
-        Err(error) => ops::database::has_sqlstate(&error, "42501"),
-    }
-}
-
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn each_role_can_do_its_job_and_nothing_more(pool: PgPool) {
     let url = testkit::database_url(&pool).await;
@@ -166,7 +114,7 @@ async fn each_role_can_do_its_job_and_nothing_more(pool: PgPool) {
     assert_eq!(again.code, 0, "idempotent: {}", again.stderr);
 
     // The command side places an order through the real binary.
-    let app = login_user(&pool, "waybill_app").await;
+    let app = Login::create(&pool, "waybill_app").await;
     let place = waybill(
         &[("DATABASE_URL", &app.url)],
         &[
@@ -186,7 +134,7 @@ async fn each_role_can_do_its_job_and_nothing_more(pool: PgPool) {
     assert!(denied(as_app, "DELETE FROM command_idempotency").await);
 
     // The relay reads and settles the outbox, and nothing of events.
-    let relay = login_user(&pool, "waybill_relay").await;
+    let relay = Login::create(&pool, "waybill_relay").await;
     let as_relay = &relay.pool;
     let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
         .fetch_one(as_relay)
@@ -205,7 +153,7 @@ async fn each_role_can_do_its_job_and_nothing_more(pool: PgPool) {
     assert!(denied(as_relay, "SELECT count(*) FROM events").await);
 
     // A projection keeps to its own schema.
-    let projection = login_user(&pool, "waybill_projection").await;
+    let projection = Login::create(&pool, "waybill_projection").await;
     let as_projection = &projection.pool;
     sqlx::query("CREATE SCHEMA IF NOT EXISTS test_projection")
         .execute(as_projection)
@@ -219,8 +167,7 @@ async fn each_role_can_do_its_job_and_nothing_more(pool: PgPool) {
     assert!(denied(as_projection, "SELECT count(*) FROM outbox").await);
 
     for login in [app, relay, projection] {
-        login.pool.close().await;
-        drop_user(&pool, &login.name).await;
+        login.drop(&pool).await;
     }
 }
 

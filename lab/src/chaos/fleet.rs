@@ -34,6 +34,7 @@ pub const DEDUPE_WINDOW: Duration = Duration::from_secs(3);
 pub struct Binaries {
     waybill: PathBuf,
     relay: PathBuf,
+    console: PathBuf,
     projections: PathBuf,
 }
 
@@ -41,7 +42,11 @@ impl Binaries {
     /// Checks that every binary is in `dir` (the projections in `projections`, when given).
     pub fn find(dir: &Path, projections: Option<&Path>) -> anyhow::Result<Self> {
         let projections = projections.unwrap_or(dir).to_path_buf();
-        let mut wanted = vec![dir.join("waybill"), dir.join("waybill-relay")];
+        let mut wanted = vec![
+            dir.join("waybill"),
+            dir.join("waybill-relay"),
+            dir.join("waybill-console"),
+        ];
         wanted.extend(PROJECTIONS.map(|p| projections.join(format!("waybill-{p}"))));
         for path in &wanted {
             anyhow::ensure!(
@@ -54,6 +59,7 @@ impl Binaries {
         Ok(Self {
             waybill: dir.join("waybill"),
             relay: dir.join("waybill-relay"),
+            console: dir.join("waybill-console"),
             projections,
         })
     }
@@ -223,6 +229,8 @@ pub enum Role {
     Relay,
     /// `waybill-<projection> run`.
     Projection,
+    /// `waybill-console run`: there for an operator to watch the run; no fault aims at it.
+    Console,
 }
 
 /// One supervised child process.
@@ -239,6 +247,24 @@ struct Process {
     restarts: u32,
     unexpected_exits: u32,
     peak_rss_kib: u64,
+}
+
+impl Process {
+    /// A process not started yet.
+    fn new(name: &str, role: Role, program: &Path, args: Vec<String>) -> Self {
+        Self {
+            name: name.to_owned(),
+            role,
+            program: program.to_path_buf(),
+            args,
+            child: None,
+            frozen: false,
+            held_down: false,
+            restarts: 0,
+            unexpected_exits: 0,
+            peak_rss_kib: 0,
+        }
+    }
 }
 
 /// How a process fared, for the report.
@@ -261,6 +287,8 @@ pub struct Fleet {
     binaries: Binaries,
     processes: Mutex<Vec<Process>>,
     api_url: String,
+    /// The console's base URL (pages under `/console`).
+    console_url: String,
     logs: PathBuf,
     env: Vec<(String, String)>,
     /// Partitions of each projection (1: one instance, the consumer named after it).
@@ -320,7 +348,7 @@ impl Fleet {
 
         // Every listening port chosen at once, so that no two processes are handed the same one.
         let instances = PROJECTIONS.len() * partitions as usize;
-        let mut ports = testkit::free_ports(2 + 2 + instances)?.into_iter();
+        let mut ports = testkit::free_ports(2 + 2 + 1 + instances)?.into_iter();
         let mut next_port = move || ports.next().context("more processes than ports chosen");
         let api_port = next_port()?;
         let mut health = Vec::new();
@@ -335,18 +363,7 @@ impl Fleet {
                 name.to_owned(),
                 format!("http://127.0.0.1:{metrics}/health"),
             ));
-            processes.push(Process {
-                name: name.to_owned(),
-                role,
-                program: program.to_path_buf(),
-                args,
-                child: None,
-                frozen: false,
-                held_down: false,
-                restarts: 0,
-                unexpected_exits: 0,
-                peak_rss_kib: 0,
-            });
+            processes.push(Process::new(name, role, program, args));
             anyhow::Ok(())
         };
         add(
@@ -412,10 +429,21 @@ impl Fleet {
                 )?;
             }
         }
+        // The console on its own address, answering /health there.
+        let console_port = next_port()?;
+        let console_url = format!("http://127.0.0.1:{console_port}");
+        health.push(("console".to_owned(), format!("{console_url}/health")));
+        processes.push(Process::new(
+            "console",
+            Role::Console,
+            &binaries.console,
+            strings(&["run", "--listen", &format!("127.0.0.1:{console_port}")]),
+        ));
         let fleet = Self {
             binaries,
             processes: Mutex::new(processes),
             api_url: format!("http://127.0.0.1:{api_port}"),
+            console_url,
             logs,
             env,
             partitions,
@@ -479,6 +507,11 @@ impl Fleet {
     /// The order service's base URL.
     pub fn api_url(&self) -> String {
         self.api_url.clone()
+    }
+
+    /// The console's base URL.
+    pub fn console_url(&self) -> &str {
+        &self.console_url
     }
 
     /// Where the processes' logs are.

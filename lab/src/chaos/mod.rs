@@ -171,6 +171,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
         )
         .await?,
     );
+    eprintln!("chaos: the console is at {}/console", fleet.console_url());
     let run = Run {
         seed,
         profile: args.profile,

@@ -235,3 +235,34 @@ pub async fn parked_by_every_projection(pool: &PgPool, duplicate: u64) -> anyhow
     }
     Ok(())
 }
+
+/// The console shows what the event store holds: as many events stored, and every projection caught
+/// up with them (`/console/api/overview`, read now). Returns the count.
+pub async fn console_agrees(pool: &PgPool, console: &str) -> anyhow::Result<i64> {
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(pool)
+        .await?;
+    let overview: serde_json::Value = reqwest::get(format!("{console}/console/api/overview"))
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .context("the console's overview")?
+        .json()
+        .await
+        .context("the console's overview is not JSON")?;
+    let snapshot = &overview["snapshot"];
+    anyhow::ensure!(
+        snapshot["events"]["stored"] == stored,
+        "the console shows {} events stored, the event store holds {stored}",
+        snapshot["events"]["stored"]
+    );
+    for projection in snapshot["projections"].as_array().into_iter().flatten() {
+        anyhow::ensure!(
+            projection["applied"] == stored && projection["error"].is_null(),
+            "the console shows {} with {} applied of {stored} (error: {})",
+            projection["name"],
+            projection["applied"],
+            projection["error"]
+        );
+    }
+    Ok(stored)
+}

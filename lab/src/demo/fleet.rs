@@ -1,5 +1,6 @@
-//! The demo's services: the order service, the relay and the three projections, either as separate
-//! processes (the real shape) or as tasks in this process, each serving HTTP on a free port.
+//! The demo's services: the order service, the console, the relay and the three projections, either
+//! as separate processes (the real shape) or as tasks in this process, each serving HTTP on a free
+//! port.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,6 +16,9 @@ use tokio::task::JoinHandle;
 
 /// The order service's name among the processes (and, spaces as dashes, its log file's).
 const ORDER_SERVICE: &str = "order service";
+
+/// The console's name among the processes.
+const CONSOLE: &str = "waybill-console";
 
 /// The relay that keeps running after the crash window; the demo checks that it settled the row the
 /// crashed relay had published.
@@ -43,10 +47,12 @@ pub const DEMO_LOG_FILTER: &str = "info,sqlx=warn,async_nats=warn";
 pub struct Fleet {
     /// The order service's base URL.
     pub api: String,
+    /// The console's base URL (its pages are under `/console`).
+    pub console: String,
     /// Each projection's name and the base URL of its read API.
     pub reads: Vec<(&'static str, String)>,
-    /// Base URLs answering `/health`: the order service's, and each projection process's metrics
-    /// address (the read APIs serve no `/health`).
+    /// Base URLs answering `/health`: the order service's, the console's, and each projection
+    /// process's metrics address (the read APIs serve no `/health`).
     health: Vec<String>,
     wiring: Wiring,
     running: Running,
@@ -103,6 +109,19 @@ impl Fleet {
             stopped(),
         )
         .await?;
+        // The console as `waybill-console run` serves it, only reading (no operator token).
+        let console = waybill_console::router(
+            waybill_console::Database::connect(&wiring.database_url, false).await?,
+            waybill_console::ConsoleConfig {
+                nats: Some(wiring.nats_url.as_str().into()),
+                stream: wiring.stream.clone(),
+                subject_prefix: wiring.subject_prefix.clone(),
+                operator_token: None,
+                relay_metrics: Vec::new(),
+                projection_apis: Vec::new(),
+            },
+        );
+        let console = ops::serve(local(), console, stopped()).await?;
         let config = RunnerConfig {
             stream: wiring.stream.clone(),
             subject_prefix: wiring.subject_prefix.clone(),
@@ -135,8 +154,9 @@ impl Fleet {
         projection!(Search, projections::search::routes);
         Ok(Self {
             api: format!("http://{api}"),
+            console: format!("http://{console}"),
             reads,
-            health: vec![format!("http://{api}")],
+            health: vec![format!("http://{api}"), format!("http://{console}")],
             wiring,
             running: Running::Tasks { stop, tasks },
         })
@@ -163,9 +183,20 @@ impl Fleet {
             ORDER_SERVICE.to_owned(),
             serve.spawn().context("starting waybill serve")?,
         ));
+        // The console on an address of its own; it answers /health there.
+        let console_port = testkit::free_port()?;
+        let mut console = command(&binary(CONSOLE)?, &wiring, &logs, CONSOLE)?;
+        console.args(["run", "--listen", &format!("127.0.0.1:{console_port}")]);
+        children.push((
+            CONSOLE.to_owned(),
+            console.spawn().context("starting waybill-console")?,
+        ));
         let mut reads = Vec::new();
         // The order service answers /health on its metrics listener.
-        let mut health = vec![format!("http://127.0.0.1:{api_metrics_port}")];
+        let mut health = vec![
+            format!("http://127.0.0.1:{api_metrics_port}"),
+            format!("http://127.0.0.1:{console_port}"),
+        ];
         for name in [Inventory::NAME, Points::NAME, Search::NAME] {
             let (port, metrics_port) = (testkit::free_port()?, testkit::free_port()?);
             let mut projection = command(
@@ -192,6 +223,7 @@ impl Fleet {
         }
         Ok(Self {
             api: format!("http://127.0.0.1:{api_port}"),
+            console: format!("http://127.0.0.1:{console_port}"),
             reads,
             health,
             wiring,

@@ -133,8 +133,8 @@ pub async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()> {
     step(
         started,
         &format!(
-            "order service at {} and projections inventory, points, search running as {shape}",
-            fleet.api
+            "order service at {}, console at {}/console and projections inventory, points, search running as {shape}",
+            fleet.api, fleet.console
         ),
     );
     let outcome = play_and_check(&mut fleet, &pool, &js, &args, started).await;
@@ -278,6 +278,14 @@ async fn play_and_check(
         started,
         &format!(
             "settled: every outbox row sent, projections caught up; the crash-window event is in the stream 2 times (1 relayed + 1 deliberate duplicate), and inventory, points and search each parked the duplicate (sequence {duplicate})"
+        ),
+    );
+
+    let shown = facts::console_agrees(pool, &fleet.console).await?;
+    step(
+        started,
+        &format!(
+            "the console shows the same: {shown} events stored, every projection {shown} applied"
         ),
     );
 

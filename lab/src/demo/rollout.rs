@@ -120,7 +120,6 @@ impl Processes {
             format!("127.0.0.1:{api}"),
             "--metrics-listen".to_owned(),
             format!("127.0.0.1:{metrics}"),
-            "--no-console".to_owned(),
         ];
         if old {
             args.extend(["--write-version".to_owned(), OLD.to_owned()]);

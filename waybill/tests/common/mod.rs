@@ -1,6 +1,6 @@
 //! What the HTTP test files share: a real `waybill serve` on free loopback ports.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use reqwest::Client;
@@ -74,33 +74,9 @@ impl Drop for Service {
     reason = "not every test file that shares this module starts other binaries"
 )]
 pub fn workspace_binary(name: &str) -> PathBuf {
-    testkit::build_workspace_binaries(env!("CARGO_MANIFEST_DIR"));
-    let binary = Path::new(env!("CARGO_BIN_EXE_waybill")).with_file_name(name);
-    assert!(binary.is_file(), "{} is missing", binary.display());
-    binary
-}
-
-/// Publishes every outbox row into `stream` (created if missing) with the relay's library, as a
-/// running relay would, and returns once nothing is left to send.
-#[allow(
-    dead_code,
-    reason = "not every test file that shares this module relays"
-)]
-pub async fn relay_everything(url: &str, nats: &str, stream: &str, prefix: &str) {
-    let relay = relay::Relay::connect(
-        url,
-        nats,
-        relay::RelayConfig {
-            stream: relay::StreamSettings {
-                name: stream.into(),
-                subject_prefix: prefix.into(),
-                ..relay::StreamSettings::default()
-            },
-            ..relay::RelayConfig::default()
-        },
+    testkit::workspace_binary(
+        env!("CARGO_MANIFEST_DIR"),
+        env!("CARGO_BIN_EXE_waybill"),
+        name,
     )
-    .await
-    .expect("relay connects");
-    relay.provision(false).await.expect("stream");
-    relay.drain().await.expect("relay drains");
 }

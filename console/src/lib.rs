@@ -1,13 +1,15 @@
-//! The console (`/console` on `waybill serve`): the pipeline live in a browser — commands, events,
-//! outbox, relays, stream, projections — every order's events as stored and as upcast, and the event
-//! catalog. Pages are rendered on the server (readable before, and without, the script); the script
-//! refreshes the overview from `/console/api/overview` every two seconds and draws its charts. All
-//! assets are compiled into the binary. State-changing actions exist only when the service has an
-//! operator token, and then require it.
+//! The console (`waybill-console`, a service of the read side): the pipeline live in a browser —
+//! commands, events, outbox, relays, stream, projections — every order's events as stored and as
+//! upcast, and the event catalog. Pages are maud templates rendered on the server (readable before,
+//! and without, the script); the script refreshes the overview from `/console/api/overview` every two
+//! seconds and draws its charts. All assets are compiled into the binary. It reads through sessions
+//! that cannot write; state-changing actions exist only when it has an operator token, and then
+//! require it.
 
 mod actions;
 mod assets;
 mod catalog;
+mod database;
 mod html;
 mod lists;
 mod order;
@@ -23,13 +25,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
 use axum::routing::{get, post};
+use axum::{Json, Router};
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
 pub use actions::ProjectionApi;
+pub use database::{Database, DatabaseError};
 use pipeline::{EventCounter, History, Snapshot};
 pub use relays::metrics_url;
 use stream::StreamSource;
@@ -63,7 +67,10 @@ pub struct ConsoleConfig {
 /// The console's shared state.
 #[derive(Debug)]
 struct Console {
+    /// Sessions that cannot write (`default_transaction_read_only`): every page and sample.
     pool: PgPool,
+    /// The one session of the operator actions' writes, there only with an operator token.
+    writes: Option<PgPool>,
     stream: StreamSource,
     token: Option<ops::OperatorToken>,
     history: Mutex<History>,
@@ -118,11 +125,13 @@ impl Console {
     }
 }
 
-/// The console's routes, all under `/console`. Spawns the sampler and (with NATS) the connection to
-/// NATS, so it must be called inside the Tokio runtime.
-pub fn router(pool: PgPool, config: ConsoleConfig) -> Router {
+/// The console's routes, all under `/console` (and `/` sends a browser there). Spawns the sampler
+/// and (with NATS) the connection to NATS, so it must be called inside the Tokio runtime.
+pub fn router(database: Database, config: ConsoleConfig) -> Router {
     let console = Arc::new(Console {
-        pool,
+        pool: database.reads,
+        // Without a token no action exists, so neither does a session that could write.
+        writes: database.writes.filter(|_| config.operator_token.is_some()),
         stream: StreamSource::start(config.nats, config.stream, config.subject_prefix),
         token: config.operator_token,
         history: Mutex::new(History::default()),
@@ -133,6 +142,11 @@ pub fn router(pool: PgPool, config: ConsoleConfig) -> Router {
     });
     tokio::spawn(sample(Arc::downgrade(&console)));
     Router::new()
+        .route(
+            "/",
+            get(|| async { axum::response::Redirect::to("/console") }),
+        )
+        .route("/health", get(health))
         .route("/console", get(overview::page))
         .route("/console/", get(overview::page))
         .route("/console/orders", get(order::find))
@@ -163,6 +177,17 @@ pub fn router(pool: PgPool, config: ConsoleConfig) -> Router {
         )
         .layer(DefaultBodyLimit::max(4 * 1024))
         .with_state(console)
+}
+
+/// `GET /health`: 200 while the database answers, else 503.
+async fn health(State(console): State<Shared>) -> (StatusCode, Json<serde_json::Value>) {
+    let database = sqlx::query("SELECT 1").execute(&console.pool).await.is_ok();
+    let status = if database {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(serde_json::json!({"database": database})))
 }
 
 /// Samples the pipeline every [`SAMPLE_EVERY`] while the console is watched, so the charts have the

@@ -1,4 +1,4 @@
-//! The relays' own counters, scraped from their `/metrics` (`waybill serve --relay-metrics URL`):
+//! The relays' own counters, scraped from their `/metrics` (`waybill-console run --relay-metrics URL`):
 //! duplicate PubAcks and fenced publishes are counted only inside each relay process — neither the
 //! database nor the stream records them — so the console asks each relay, one GET per relay per
 //! sample ([`upstream`]). A relay that does not answer is shown as unreachable and left out of the
@@ -9,8 +9,8 @@ use std::time::Duration;
 use axum::http::{Method, StatusCode};
 use serde::Serialize;
 
-use super::prometheus;
-use super::upstream::{self, Call, Endpoint};
+use crate::prometheus;
+use crate::upstream::{self, Call, Endpoint};
 
 /// How long one scrape may take, connect to last byte. The console samples every 2 s, and every
 /// relay is scraped at once, so a dead relay costs at most this much of a sample.

@@ -1,5 +1,5 @@
 //! What the console reads from NATS: the stream's state, the projections' durable consumers, and one
-//! order's messages on its subject. NATS is optional for `waybill serve`: the connection is made in
+//! order's messages on its subject. NATS is optional for the console: the connection is made in
 //! the background and retried, and until it exists (or while it is down) every reading says why it
 //! is unavailable instead of failing the page.
 
@@ -30,7 +30,7 @@ pub struct StreamSource {
 
 #[derive(Debug)]
 enum Connection {
-    /// `waybill serve` was started without NATS.
+    /// The console was set up without NATS.
     Disabled,
     /// Not connected (yet): why.
     Waiting(String),
@@ -134,7 +134,7 @@ impl StreamSource {
             .read()
             .map_err(|_| "the NATS connection state is unreadable".to_owned())?;
         match &*state {
-            Connection::Disabled => Err("NATS is not configured for this service".to_owned()),
+            Connection::Disabled => Err("NATS is not configured for this console".to_owned()),
             Connection::Waiting(reason) => Err(format!("NATS unavailable: {reason}")),
             Connection::Ready(context) => Ok(context.clone()),
         }

@@ -1,18 +1,18 @@
 //! The console against the real pipeline: orders written through the event store and a legacy
 //! `order.placed` v1 written straight into `events`, relayed by the relay into a private nats-server,
-//! applied by the three projections' runners, then `waybill serve`'s console rendered by headless
-//! Chromium and compared with the database. Also: actions need the operator token, the console says
-//! when NATS is unreachable (and orders still work), hostile stored text is escaped, and a real
-//! `waybill-relay`'s own counters are scraped from its /metrics (an unreachable one is shown as such).
+//! applied by the three projections' runners, then `waybill-console` rendered by headless Chromium
+//! and compared with the database. Also: actions need the operator token, the console says when
+//! NATS is unreachable, hostile stored text is escaped, a real `waybill-relay`'s own counters are
+//! scraped from its /metrics (an unreachable one is shown as such), and the console answers only on
+//! its own address.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::Service;
+use common::Console;
 use domain::{CancelOrder, Note, OrderCommand, ShipOrder};
-use projections::{Inventory, Points, Projection, Runner, RunnerConfig, Search};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use store::{CommandContext, EventStore};
@@ -66,24 +66,8 @@ async fn legacy_order(pool: &PgPool) -> Uuid {
 
 /// Relays every outbox row into the stream, then lets each projection apply everything.
 async fn relay_and_project(url: &str, nats: &str) {
-    common::relay_everything(url, nats, STREAM, PREFIX).await;
-    project(Inventory, url, nats).await;
-    project(Points, url, nats).await;
-    project(Search, url, nats).await;
-}
-
-async fn project<P: Projection>(projection: P, url: &str, nats: &str) {
-    let config = RunnerConfig {
-        stream: STREAM.into(),
-        subject_prefix: PREFIX.into(),
-        ..RunnerConfig::default()
-    };
-    Runner::connect(projection, url, nats, config)
-        .await
-        .expect("runner")
-        .run(std::future::pending(), true, |_| {})
-        .await
-        .expect("projection runs");
+    testkit::relay_everything(url, nats, STREAM, PREFIX).await;
+    common::project_all(url, nats, (STREAM, PREFIX)).await;
 }
 
 /// Debian's Chromium, if installed. Without it the browser checks are skipped loudly — but not under
@@ -181,16 +165,8 @@ fn grouped(n: i64) -> String {
     out
 }
 
-async fn overview(service: &Service) -> Value {
-    service
-        .client
-        .get(format!("{}/console/api/overview", service.base))
-        .send()
-        .await
-        .expect("overview answers")
-        .json()
-        .await
-        .expect("overview is JSON")
+async fn overview(service: &Console) -> Value {
+    service.json("/console/api/overview").await
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
@@ -215,7 +191,7 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
     .await
     .expect("legacy payload");
 
-    let service = Service::start_with(
+    let service = Console::start_with(
         &pool,
         &[
             "--nats-url",
@@ -354,21 +330,8 @@ async fn actions_need_the_operator_token(pool: PgPool) {
         .execute(&pool)
         .await
         .expect("a dead row");
-    let replay = |service: &Service, auth: Option<&str>| {
-        let mut request = service
-            .client
-            .post(format!("{}/console/api/outbox/dead/replay", service.base))
-            .json(&json!({"target": "all"}));
-        if let Some(auth) = auth {
-            request = request.header("Authorization", auth);
-        }
-        request.send()
-    };
-
-    let reader = Service::start_with(&pool, &["--nats-url", "nats://127.0.0.1:1"]).await;
-    let refused = replay(&reader, Some("Bearer anything-at-all-1234"))
-        .await
-        .expect("answers");
+    let reader = Console::start_with(&pool, &["--nats-url", "nats://127.0.0.1:1"]).await;
+    let refused = reader.replay_all(Some("Bearer anything-at-all-1234")).await;
     assert_eq!(refused.status(), 403);
     let page = reader
         .client
@@ -390,7 +353,7 @@ async fn actions_need_the_operator_token(pool: PgPool) {
     drop(reader);
 
     let token = "correct-horse-battery-staple";
-    let operator = Service::start_with(
+    let operator = Console::start_with(
         &pool,
         &[
             "--nats-url",
@@ -400,17 +363,7 @@ async fn actions_need_the_operator_token(pool: PgPool) {
         ],
     )
     .await;
-    assert_eq!(
-        replay(&operator, None).await.expect("answers").status(),
-        401
-    );
-    let wrong = replay(&operator, Some("Bearer correct-horse-battery-stapl")).await;
-    assert_eq!(wrong.expect("answers").status(), 401);
-    let done = replay(&operator, Some(&format!("Bearer {token}")))
-        .await
-        .expect("answers");
-    assert_eq!(done.status(), 200);
-    assert_eq!(done.json::<Value>().await.expect("json")["replayed"], 1);
+    assert_eq!(operator.replay_with_the_token_only(token).await, 1);
     let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'dead'")
         .fetch_one(&pool)
         .await
@@ -419,24 +372,11 @@ async fn actions_need_the_operator_token(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
-async fn without_nats_the_console_says_so_and_orders_still_work(pool: PgPool) {
+async fn without_nats_the_console_says_so(pool: PgPool) {
+    testkit::place_order(&EventStore::new(pool.clone()), "alice", &["MUG:1:100"]).await;
     let port = testkit::free_port().expect("port");
     let service =
-        Service::start_with(&pool, &["--nats-url", &format!("nats://127.0.0.1:{port}")]).await;
-    let placed = service
-        .client
-        .post(format!("{}/orders", service.base))
-        .json(&json!({"customer_id": "alice", "currency": "EUR",
-                      "lines": [{"sku": "MUG", "quantity": 1, "unit_price_cents": 100}]}))
-        .send()
-        .await
-        .expect("answers");
-    assert_eq!(
-        placed.status(),
-        201,
-        "{}",
-        placed.text().await.unwrap_or_default()
-    );
+        Console::start_with(&pool, &["--nats-url", &format!("nats://127.0.0.1:{port}")]).await;
     let api = overview(&service).await;
     let snapshot = &api["snapshot"];
     assert_eq!(snapshot["stream"]["available"], false);
@@ -493,7 +433,7 @@ async fn hostile_stored_text_is_escaped(pool: PgPool) {
     .execute(&pool)
     .await
     .expect("hostile row");
-    let service = Service::start_with(&pool, &["--nats-url", "nats://127.0.0.1:1"]).await;
+    let service = Console::start_with(&pool, &["--nats-url", "nats://127.0.0.1:1"]).await;
     let response = service
         .client
         .get(format!("{}/console/orders/{order}", service.base))
@@ -558,7 +498,7 @@ async fn the_relays_counters_are_scraped_from_their_metrics(pool: PgPool) {
         .expect("waybill-relay starts");
     let relay_url = format!("http://127.0.0.1:{metrics_port}/metrics");
     let dead_url = format!("http://127.0.0.1:{dead_port}/metrics");
-    let service = Service::start_with(
+    let service = Console::start_with(
         &pool,
         &[
             "--nats-url",
@@ -722,7 +662,7 @@ async fn projection_actions_go_through_the_projections_operator_api(pool: PgPool
         .await
         .expect("parked id");
 
-    let service = Service::start_with(
+    let service = Console::start_with(
         &pool,
         &[
             "--nats-url",
@@ -901,7 +841,7 @@ async fn projection_actions_go_through_the_projections_operator_api(pool: PgPool
             "did not answer",
         ),
     ] {
-        let service = Service::start_with(
+        let service = Console::start_with(
             &pool,
             &[
                 "--nats-url",
@@ -952,48 +892,78 @@ async fn projection_actions_go_through_the_projections_operator_api(pool: PgPool
     }
 }
 
-/// `--console-listen` puts the console on its own address (an operators' network) and takes it off
-/// the API's, which keeps serving orders; `--no-console` with it is refused.
+/// The console answers only on its own address, loopback unless told otherwise: the order service
+/// serves no console (not even with the flags that used to put it on the API's address), and the
+/// console serves no order API.
 #[sqlx::test(migrator = "store::MIGRATOR")]
-async fn the_console_can_have_its_own_address(pool: PgPool) {
+async fn the_console_answers_only_on_its_own_address(pool: PgPool) {
     let store = EventStore::new(pool.clone());
     let order = testkit::place_order(&store, "ines", &["MUG:1:100"]).await;
-    let port = testkit::free_port().expect("port");
-    let service = Service::start_with(
-        &pool,
-        &[
-            "--nats-url",
-            "nats://127.0.0.1:1",
-            "--console-listen",
-            &format!("127.0.0.1:{port}"),
-        ],
-    )
-    .await;
-    let status = |url: String| {
-        let request = service.client.get(url);
-        async move { request.send().await.expect("answers").status().as_u16() }
-    };
-    let console = format!("http://127.0.0.1:{port}");
     let id = order.as_uuid();
-    assert_eq!(status(format!("{console}/console")).await, 200);
-    assert_eq!(status(format!("{console}/console/orders/{id}")).await, 200);
+    let console = Console::start_with(&pool, &["--nats-url", "nats://127.0.0.1:1"]).await;
+    assert_eq!(console.status("/console").await, 200);
+    assert_eq!(console.status(&format!("/console/orders/{id}")).await, 200);
     assert_eq!(
-        status(format!("{}/console", service.base)).await,
+        console.status(&format!("/orders/{id}")).await,
         404,
-        "not on the API's address"
+        "no order API on the console's address"
     );
-    assert_eq!(status(format!("{}/orders/{id}", service.base)).await, 200);
-    assert_eq!(
-        status(format!("{console}/orders/{id}")).await,
-        404,
-        "no API on the console's address"
-    );
-    drop(service);
+    let root = console
+        .client
+        .get(format!("{}/", console.base))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(root.url().path(), "/console", "/ leads to the pipeline");
 
-    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill"))
-        .args(["serve", "--no-console", "--console-listen", "127.0.0.1:1"])
+    // The order service, started as the README says, has no /console on its API.
+    let ports = testkit::free_ports(2).expect("ports");
+    let url = testkit::database_url(&pool).await;
+    let _serve = tokio::process::Command::new(common::workspace_binary("waybill"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", ports[0])])
+        .args(["--metrics-listen", &format!("127.0.0.1:{}", ports[1])])
+        .env("DATABASE_URL", &url)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("waybill serve starts");
+    let api = format!("http://127.0.0.1:{}", ports[0]);
+    testkit::wait_until(Duration::from_secs(30), "waybill serve answers", || {
+        let request = console.client.get(format!("{api}/orders/{id}")).send();
+        async move { request.await.is_ok_and(|r| r.status() == 200) }
+    })
+    .await;
+    for path in [
+        "/console",
+        "/console/api/overview",
+        &format!("/console/orders/{id}"),
+    ] {
+        let status = console
+            .client
+            .get(format!("{api}{path}"))
+            .send()
+            .await
+            .expect("answers")
+            .status();
+        assert_eq!(status, 404, "{path} on the order service's API");
+    }
+    let refused = tokio::process::Command::new(common::workspace_binary("waybill"))
+        .args(["serve", "--console-listen", "127.0.0.1:1"])
         .output()
         .await
         .expect("runs");
-    assert_eq!(refused.status.code(), Some(2), "a usage error");
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "the order service has no console flags any more"
+    );
+
+    // Loopback by default, and said so.
+    let help = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-console"))
+        .args(["run", "--help"])
+        .output()
+        .await
+        .expect("runs");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("[default: 127.0.0.1:8090]"), "{help}");
 }

@@ -9,16 +9,17 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use domain::{OrderId, Upcasters};
+use maud::{Markup, html};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::catalog::{self, Step};
-use super::html::{self, Section, esc, esc_capped};
-use super::readside::{self, OrderMarks, PROJECTIONS};
-use super::stream::StreamCopy;
-use super::{Console, Shared};
+use crate::catalog::{self, Step};
+use crate::html::{self, Section};
+use crate::readside::{self, OrderMarks, PROJECTIONS};
+use crate::stream::StreamCopy;
+use crate::{Console, Shared};
 
 /// An order's events are shown up to this many (an order has a handful; more is a broken writer).
 const MAX_EVENTS: i64 = 500;
@@ -353,7 +354,7 @@ pub async fn page(State(console): State<Shared>, Path(id): Path<String>) -> Resp
             return html::error_page(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "The order could not be read",
-                "The database did not answer; the service log has the error.",
+                "The database did not answer; the console's log has the error.",
                 operator,
             );
         }
@@ -372,148 +373,136 @@ pub async fn page(State(console): State<Shared>, Path(id): Path<String>) -> Resp
             &format!("Order {order}"),
             Section::Order,
             operator,
-            &render(&timeline),
+            render(&timeline),
         ),
     )
 }
 
-fn render(t: &Timeline) -> String {
-    let mut out = format!(
-        "<h1>Order <code>{id}</code></h1><p class=\"lead\">{n} event(s) as stored in <code>events</code> \
-         and as upcast to today's shape; each with its outbox row, its stream sequence and what each \
-         projection's checkpoint says. As JSON at <a href=\"/console/api/orders/{id}\">/console/api/orders/{id}</a>.</p>",
-        id = t.order_id,
-        n = t.events.len(),
-    );
-    if t.more_events {
-        out.push_str(&format!(
-            "<p class=\"note\" data-testid=\"more-events\">Only the first {MAX_EVENTS} events are shown: \
-             this order has more (an order normally has a handful; so many points at a broken \
-             writer). The folded order beside them is of all its events.</p>"
-        ));
+const TIME: &str = "%Y-%m-%d %H:%M:%S%.3f UTC";
+
+fn render(t: &Timeline) -> Markup {
+    let api = format!("/console/api/orders/{}", t.order_id);
+    html! {
+        h1 { "Order " code { (t.order_id) } }
+        p.lead {
+            (t.events.len()) " event(s) as stored in " code { "events" } " and as upcast to today's \
+             shape; each with its outbox row, its stream sequence and what each projection's \
+             checkpoint says. As JSON at " a href=(api) { (api) } "."
+        }
+        @if t.more_events {
+            p.note data-testid="more-events" {
+                "Only the first " (MAX_EVENTS) " events are shown: this order has more (an order \
+                 normally has a handful; so many points at a broken writer). The folded order beside \
+                 them is of all its events."
+            }
+        }
+        @if let Some(reason) = &t.stream_reason {
+            p.note { "The stream was not read for this order: " (html::text(reason)) "." }
+        }
+        div.order-layout {
+            ol.timeline {
+                @for e in &t.events { (render_event(e)) }
+            }
+            aside.card.folded aria-labelledby="folded-h" {
+                h2 #folded-h { "Folded order" }
+                @match (&t.folded, &t.fold_error) {
+                    (Some(folded), _) => {
+                        p.muted { "Every event upcast and applied in order, as the command side sees it." }
+                        pre.json data-testid="folded" { (html::json_block(folded)) }
+                    }
+                    (None, Some(error)) => {
+                        p.error { "The order cannot be folded: " (html::text(error)) }
+                    }
+                    (None, None) => { p { "Nothing to fold." } }
+                }
+                @if !t.foreign_messages.is_empty() {
+                    p.error {
+                        (t.foreign_messages.len()) " message(s) on this order's subject are none of \
+                         its events: sequences "
+                        (t.foreign_messages.iter().map(|c| c.sequence.to_string()).collect::<Vec<_>>().join(", "))
+                        "."
+                    }
+                }
+            }
+        }
     }
-    if let Some(reason) = &t.stream_reason {
-        out.push_str(&format!(
-            "<p class=\"note\">The stream was not read for this order: {}.</p>",
-            esc(reason)
-        ));
-    }
-    out.push_str("<div class=\"order-layout\"><ol class=\"timeline\">");
-    for e in &t.events {
-        out.push_str(&render_event(e));
-    }
-    out.push_str("</ol><aside class=\"card folded\" aria-labelledby=\"folded-h\"><h2 id=\"folded-h\">Folded order</h2>");
-    match (&t.folded, &t.fold_error) {
-        (Some(folded), _) => out.push_str(&format!(
-            "<p class=\"muted\">Every event upcast and applied in order, as the command side sees it.</p>\
-             <pre class=\"json\" data-testid=\"folded\">{}</pre>",
-            html::json_block(folded)
-        )),
-        (None, Some(error)) => out.push_str(&format!(
-            "<p class=\"error\">The order cannot be folded: {}</p>",
-            esc(error)
-        )),
-        (None, None) => out.push_str("<p>Nothing to fold.</p>"),
-    }
-    if !t.foreign_messages.is_empty() {
-        out.push_str(&format!(
-            "<p class=\"error\">{} message(s) on this order's subject are none of its events: sequences {}.</p>",
-            t.foreign_messages.len(),
-            esc(&t
-                .foreign_messages
-                .iter()
-                .map(|c| c.sequence.to_string())
-                .collect::<Vec<_>>()
-                .join(", "))
-        ));
-    }
-    out.push_str("</aside></div>");
-    out
 }
 
-fn render_event(e: &TimelineEvent) -> String {
+/// The badge class of a projection's verdict.
+fn verdict_class(state: &str) -> &'static str {
+    match state {
+        "applied" => "ok",
+        "parked" | "discarded" | "skipped" => "bad",
+        "held" | "pending" => "warn",
+        _ => "",
+    }
+}
+
+fn render_event(e: &TimelineEvent) -> Markup {
     let anchor = catalog::anchor(&e.event_type, e.stored_version);
-    let upcast = match (&e.upcast_payload, &e.upcast_error) {
-        (Some(payload), _) => format!(
-            "<p class=\"chain\">{}</p><pre class=\"json\">{}</pre>",
-            esc(&e
-                .upcast_chain
-                .as_deref()
-                .map_or("no chain known".to_owned(), catalog::describe)),
-            html::json_block(payload)
-        ),
-        (None, Some(error)) => format!("<p class=\"error\">Cannot be upcast: {}</p>", esc(error)),
-        (None, None) => String::new(),
-    };
-    let outbox = match &e.outbox {
-        Some(o) => format!(
-            "<span class=\"badge {cls}\">outbox {status}</span> {attempts} attempt(s){sent}{err}",
-            cls = if o.status == "sent" { "ok" } else if o.status == "dead" { "bad" } else { "warn" },
-            status = esc(&o.status),
-            attempts = o.attempts,
-            sent = o.sent_at.map_or(String::new(), |t| format!(", sent {}", t.format("%Y-%m-%d %H:%M:%S%.3f UTC"))),
-            err = o.last_error.as_deref().map_or(String::new(), |r| format!(
-                " <span class=\"error\">{}</span>",
-                esc_capped(r)
-            )),
-        ),
-        None => "<span class=\"badge\">no outbox row</span> (purged after sending, or written without one)".to_owned(),
-    };
-    let sequence = match e.stream_sequence {
-        Some(s) => format!(
-            "stream sequence <strong data-testid=\"seq\">{s}</strong> <span class=\"muted\">({})</span>",
-            esc(e.stream_sequence_source)
-        ),
-        None => "stream sequence <strong>unknown</strong>".to_owned(),
-    };
-    let note = e.stream_note.as_deref().map_or(String::new(), |n| {
-        format!(" <span class=\"muted\">— {}</span>", esc(n))
-    });
-    let projections: String = e
-        .projections
-        .iter()
-        .map(|(name, state, detail)| {
-            format!(
-                "<li><span class=\"badge {cls}\" title=\"{d}\">{name}: {state}</span></li>",
-                cls = match *state {
-                    "applied" => "ok",
-                    "parked" | "discarded" | "skipped" => "bad",
-                    "held" | "pending" => "warn",
-                    _ => "",
-                },
-                d = esc(detail),
-                name = esc(name),
-                state = esc(state),
-            )
-        })
-        .collect();
-    format!(
-        "<li class=\"card event\" id=\"v{v}\"><h2><span class=\"muted\">v{v}</span> \
-         <a href=\"/console/catalog#{anchor}\" data-testid=\"event-type\">{ty}</a> \
-         <span class=\"muted\">stored as version</span> <span data-testid=\"stored-version\">{sv}</span>\
-         {cur}</h2>\
-         <p class=\"meta\">event <code>{id}</code> · occurred {occ} · recorded {rec} · position {pos}</p>\
-         <div class=\"two\"><section aria-label=\"as stored\"><h3>As stored (v{sv})</h3>\
-         <pre class=\"json\" data-testid=\"stored-payload\">{stored}</pre></section>\
-         <section aria-label=\"as upcast\"><h3>As upcast (v{curv})</h3>{upcast}</section></div>\
-         <p class=\"delivery\">{outbox} · {sequence}{note}</p>\
-         <ul class=\"badges\" aria-label=\"projections\">{projections}</ul></li>",
-        v = e.aggregate_version,
-        ty = esc(&e.event_type),
-        sv = e.stored_version,
-        cur = if e.current_version.is_some_and(|c| c != e.stored_version) {
-            format!(
-                " <span class=\"badge warn\">legacy: current is v{}</span>",
-                e.current_version.unwrap_or_default()
-            )
-        } else {
-            String::new()
-        },
-        id = e.event_id,
-        occ = e.occurred_at.format("%Y-%m-%d %H:%M:%S%.3f UTC"),
-        rec = e.recorded_at.format("%Y-%m-%d %H:%M:%S%.3f UTC"),
-        pos = e.position,
-        stored = esc_capped(&e.stored_payload),
-        curv = e.current_version.map_or("?".to_owned(), |c| c.to_string()),
-    )
+    let legacy = e.current_version.filter(|c| *c != e.stored_version);
+    html! {
+        li.card.event id={ "v" (e.aggregate_version) } {
+            h2 {
+                span.muted { "v" (e.aggregate_version) } " "
+                a href={ "/console/catalog#" (anchor) } data-testid="event-type" { (html::text(&e.event_type)) } " "
+                span.muted { "stored as version" } " "
+                span data-testid="stored-version" { (e.stored_version) }
+                @if let Some(current) = legacy {
+                    " " span.badge.warn { "legacy: current is v" (current) }
+                }
+            }
+            p.meta {
+                "event " code { (e.event_id) } " · occurred " (e.occurred_at.format(TIME))
+                " · recorded " (e.recorded_at.format(TIME)) " · position " (e.position)
+            }
+            div.two {
+                section aria-label="as stored" {
+                    h3 { "As stored (v" (e.stored_version) ")" }
+                    pre.json data-testid="stored-payload" { (html::capped(&e.stored_payload)) }
+                }
+                section aria-label="as upcast" {
+                    h3 { "As upcast (v" (e.current_version.map_or("?".to_owned(), |c| c.to_string())) ")" }
+                    @match (&e.upcast_payload, &e.upcast_error) {
+                        (Some(payload), _) => {
+                            p.chain {
+                                (html::text(&e.upcast_chain.as_deref().map_or("no chain known".to_owned(), catalog::describe)))
+                            }
+                            pre.json { (html::json_block(payload)) }
+                        }
+                        (None, Some(error)) => { p.error { "Cannot be upcast: " (html::text(error)) } }
+                        (None, None) => {}
+                    }
+                }
+            }
+            p.delivery {
+                @match &e.outbox {
+                    Some(o) => {
+                        @let class = match o.status.as_str() { "sent" => "ok", "dead" => "bad", _ => "warn" };
+                        span class={ "badge " (class) } { "outbox " (html::text(&o.status)) }
+                        " " (o.attempts) " attempt(s)"
+                        @if let Some(sent) = o.sent_at { ", sent " (sent.format(TIME)) }
+                        @if let Some(error) = &o.last_error { " " span.error { (html::capped(error)) } }
+                    }
+                    None => {
+                        span.badge { "no outbox row" } " (purged after sending, or written without one)"
+                    }
+                }
+                " · "
+                @match e.stream_sequence {
+                    Some(s) => {
+                        "stream sequence " strong data-testid="seq" { (s) } " "
+                        span.muted { "(" (e.stream_sequence_source) ")" }
+                    }
+                    None => { "stream sequence " strong { "unknown" } }
+                }
+                @if let Some(note) = &e.stream_note { " " span.muted { "— " (html::text(note)) } }
+            }
+            ul.badges aria-label="projections" {
+                @for (name, state, detail) in &e.projections {
+                    li { span class={ "badge " (verdict_class(state)) } title=(html::text(detail)) { (name) ": " (state) } }
+                }
+            }
+        }
+    }
 }

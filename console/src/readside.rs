@@ -1,5 +1,5 @@
 //! What the console reads from the projections' schemas (`inventory`, `points`, `search`): their
-//! checkpoints, held and parked tables, by schema-qualified SQL. The order service does not link the
+//! checkpoints, held and parked tables, by schema-qualified SQL. The console does not link the
 //! projections (ARCHITECTURE.md), so this reads their documented tables (DESIGN.md, "Storage
 //! contract") and nothing else. A projection may keep its schema in another database; then its schema
 //! is absent here and the console says so instead of failing.

@@ -8,11 +8,12 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use domain::Upcasters;
 use domain::catalog::payload_schemas;
+use maud::{Markup, html};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::Shared;
-use super::html::{self, Section, esc};
+use crate::Shared;
+use crate::html::{self, Section};
 
 /// One step of an upcast chain.
 #[derive(Debug, Clone, Serialize)]
@@ -105,52 +106,61 @@ pub async fn api() -> Json<Vec<Entry>> {
 /// `GET /console/catalog`.
 pub async fn page(State(console): State<Shared>) -> Response {
     let entries = entries();
-    let mut body = String::from(
-        "<h1>Event catalog</h1><p class=\"lead\">Every event type and payload version that can exist \
-         in storage, with its JSON Schema (draft 2020-12) and how readers bring it to today's shape. \
-         The same catalog as <code>waybill schema</code>; as JSON at \
-         <a href=\"/console/api/catalog\">/console/api/catalog</a>.</p>\
-         <table class=\"grid\"><caption>Contents</caption><thead><tr><th scope=\"col\">Event type</th>\
-         <th scope=\"col\">Version</th><th scope=\"col\">Upcast path</th></tr></thead><tbody>",
-    );
-    for e in &entries {
-        body.push_str(&format!(
-            "<tr><td><a href=\"#{a}\">{t}</a></td><td>v{v}{cur}</td><td>{path}</td></tr>",
-            a = esc(&anchor(e.event_type, e.event_version)),
-            t = esc(e.event_type),
-            v = e.event_version,
-            cur = if e.current_version == Some(e.event_version) {
-                " <span class=\"badge ok\">current</span>"
-            } else {
-                ""
-            },
-            path = esc(&e
-                .upcast
-                .as_deref()
-                .map_or("no upcast known: readers refuse it".to_owned(), describe)),
-        ));
-    }
-    body.push_str("</tbody></table>");
-    for e in &entries {
-        body.push_str(&format!(
-            "<section class=\"card\" id=\"{a}\" aria-labelledby=\"{a}-h\"><h2 id=\"{a}-h\">{t} \
-             <span class=\"muted\">v{v}</span></h2><p>{path}</p>\
-             <details open><summary>JSON Schema</summary><pre class=\"json\">{schema}</pre></details>\
-             </section>",
-            a = esc(&anchor(e.event_type, e.event_version)),
-            t = esc(e.event_type),
-            v = e.event_version,
-            path = esc(&e
-                .upcast
-                .as_deref()
-                .map_or("no upcast known".to_owned(), describe)),
-            schema = html::json_block(&e.schema),
-        ));
-    }
     html::respond(
         StatusCode::OK,
-        html::page("Catalog", Section::Catalog, console.operator(), &body),
+        html::page(
+            "Catalog",
+            Section::Catalog,
+            console.operator(),
+            render(&entries),
+        ),
     )
+}
+
+fn render(entries: &[Entry]) -> Markup {
+    let path = |e: &Entry, unknown: &str| {
+        e.upcast
+            .as_deref()
+            .map_or_else(|| unknown.to_owned(), describe)
+    };
+    html! {
+        h1 { "Event catalog" }
+        p.lead {
+            "Every event type and payload version that can exist in storage, with its JSON Schema \
+             (draft 2020-12) and how readers bring it to today's shape. The same catalog as "
+            code { "waybill schema" } "; as JSON at "
+            a href="/console/api/catalog" { "/console/api/catalog" } "."
+        }
+        table.grid {
+            caption { "Contents" }
+            thead { tr { th scope="col" { "Event type" } th scope="col" { "Version" } th scope="col" { "Upcast path" } } }
+            tbody {
+                @for e in entries {
+                    tr {
+                        td { a href={ "#" (anchor(e.event_type, e.event_version)) } { (e.event_type) } }
+                        td {
+                            "v" (e.event_version)
+                            @if e.current_version == Some(e.event_version) {
+                                " " span.badge.ok { "current" }
+                            }
+                        }
+                        td { (html::text(&path(e, "no upcast known: readers refuse it"))) }
+                    }
+                }
+            }
+        }
+        @for e in entries {
+            @let a = anchor(e.event_type, e.event_version);
+            section.card id=(a) aria-labelledby={ (a) "-h" } {
+                h2 id={ (a) "-h" } { (e.event_type) " " span.muted { "v" (e.event_version) } }
+                p { (html::text(&path(e, "no upcast known"))) }
+                details open {
+                    summary { "JSON Schema" }
+                    pre.json { (html::json_block(&e.schema)) }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

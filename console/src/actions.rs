@@ -1,10 +1,11 @@
-//! The console's state-changing actions. They exist only when `waybill serve` has an operator token
+//! The console's state-changing actions. They exist only when `waybill-console` has an operator token
 //! (`--operator-token`, `WAYBILL_OPERATOR_TOKEN`), and then require it ([`ops::operator`]).
 //!
-//! Dead outbox rows are replayed here (`relay::admin::replay_dead`, as `waybill outbox dead replay`).
-//! Redriving, discarding and releasing in a projection need that projection's runner and NATS
-//! consumer, which this service does not link: the console calls the projection's own operator API
-//! (`--projection-api NAME=URL`) with its token, and answers what the projection answered.
+//! Dead outbox rows are replayed here (`relay::admin::replay_dead`, as `waybill outbox dead replay`),
+//! through the console's one writing session, which exists only with the token. Redriving,
+//! discarding and releasing in a projection need that projection's runner and NATS consumer, which
+//! the console does not link: it calls the projection's own operator API (`--projection-api
+//! NAME=URL`) with its token, and answers what the projection answered.
 
 use std::time::Duration;
 
@@ -16,8 +17,8 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::upstream::{self, Call, Endpoint};
-use super::{Shared, readside};
+use crate::upstream::{self, Call, Endpoint};
+use crate::{Shared, readside};
 
 /// The refusal of a request, unless actions are on and it carries the token.
 fn refused(console: &Shared, headers: &HeaderMap) -> Option<Response> {
@@ -84,7 +85,19 @@ pub async fn replay_dead(
             Err(reason) => return refusal(StatusCode::BAD_REQUEST, "invalid-target", &reason),
         }
     };
-    match relay::admin::replay_dead(&console.pool, &target).await {
+    let Some(writes) = &console.writes else {
+        // A token without the writing session: a library caller's `Database` without actions.
+        tracing::error!(
+            action = "dead replay",
+            "console has an operator token but no writing session"
+        );
+        return refusal(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "this console was set up without a session for its actions",
+        );
+    };
+    match relay::admin::replay_dead(writes, &target).await {
         Ok(replayed) => {
             tracing::info!(action = "dead replay", target = ?target, replayed, "console action done");
             Json(json!({"replayed": replayed})).into_response()
@@ -101,7 +114,7 @@ pub async fn replay_dead(
 }
 
 /// A projection's operator API (`waybill-<name> run --listen ADDR --operator-token …`), given to
-/// `waybill serve --projection-api NAME=URL`: the console's redrive, discard and release buttons call
+/// `waybill-console run --projection-api NAME=URL`: the console's redrive, discard and release buttons call
 /// it with the console's own operator token, so both must be started with the same one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProjectionApi {
@@ -240,7 +253,7 @@ async fn forward(
             StatusCode::CONFLICT,
             "no-projection-api",
             &format!(
-                "this service does not know the {name} projection's operator API: start it with \
+                "this console does not know the {name} projection's operator API: start it with \
                  --projection-api {name}=http://<its --listen address>, or run waybill-{name} on \
                  the command line"
             ),
@@ -293,7 +306,7 @@ async fn forward(
                 "projection-refused-token",
                 &format!(
                     "the {name} projection refused the console's operator token ({}): start it \
-                     with the same --operator-token (or WAYBILL_OPERATOR_TOKEN) as this service",
+                     with the same --operator-token (or WAYBILL_OPERATOR_TOKEN) as this console",
                     answer.status
                 ),
             )

@@ -11,10 +11,10 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
-use super::readside::{self, PROJECTIONS, ProjectionState};
-use super::relays::{self, RelayMetricsView};
-use super::stream::{ConsumerView, StreamSource, StreamView};
-use super::upstream::Endpoint;
+use crate::readside::{self, PROJECTIONS, ProjectionState};
+use crate::relays::{self, RelayMetricsView};
+use crate::stream::{ConsumerView, StreamSource, StreamView};
+use crate::upstream::Endpoint;
 
 /// Samples kept: ten minutes at one sample every two seconds.
 pub const HISTORY_LEN: usize = 300;
