@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, SubsecRound, Utc};
 use domain::{
-    DowncastError, EventEnvelope, EventMeta, Order, OrderCommand, OrderError, OrderId, Upcasters,
-    WriteVersions,
+    Aggregate, AggregateId, Command, DowncastError, EventEnvelope, EventMeta, Order, OrderError,
+    OrderId, Upcasters, WriteVersions,
 };
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::append::{AppendError, AppendOptions, append_with};
 use crate::group_commit::GroupCommit;
-use crate::load::{LoadError, load_order};
+use crate::load::{LoadError, load_aggregate};
 use crate::notify::OutboxNotifier;
 
 /// How often a command is re-decided after losing a race to a concurrent writer.
@@ -33,57 +33,66 @@ pub struct CommandContext {
     pub traceparent: Option<String>,
 }
 
-/// What a command did.
+/// What a command did to an aggregate of type `A`.
 #[derive(Debug, Clone)]
-pub struct CommandOutcome {
-    /// The order.
-    pub order_id: OrderId,
-    /// The order's version after the command.
+pub struct CommandOutcome<A: Aggregate = Order> {
+    /// The aggregate.
+    pub id: A::Id,
+    /// Its version after the command.
     pub aggregate_version: i64,
     /// The events the command recorded.
     pub event_ids: Vec<Uuid>,
     /// True when this is a retry answered from the idempotency record (nothing was written).
     pub replayed: bool,
-    /// The order's state right after the command; for a replay, its current state (it may have moved
-    /// on since the first request).
-    pub order: Order,
+    /// Its state right after the command; for a replay, its current state (it may have moved on
+    /// since the first request).
+    pub state: A,
 }
 
-/// Why a command did not complete. [`CommandError::is_refusal`] tells a caller's mistake from a fault.
+/// Why a command to an aggregate whose refusals are `E` did not complete.
+/// [`CommandError::is_refusal`] tells a caller's mistake from a fault.
 #[derive(Debug, thiserror::Error)]
-pub enum CommandError {
+pub enum CommandError<E: std::error::Error + 'static = OrderError> {
     /// A domain rule refused the command; nothing was written.
     #[error(transparent)]
-    Refused(#[from] OrderError),
-    /// The caller required a version (`If-Match`, `--expected-version`) the order is no longer at.
-    #[error("order {order_id} is at version {actual}, not the expected {expected}")]
+    Refused(E),
+    /// The caller required a version (`If-Match`, `--expected-version`) the aggregate is no longer at.
+    #[error("{aggregate_type} {aggregate_id} is at version {actual}, not the expected {expected}")]
     StaleVersion {
-        /// The order.
-        order_id: OrderId,
+        /// Its type, e.g. `order`.
+        aggregate_type: &'static str,
+        /// The aggregate.
+        aggregate_id: Uuid,
         /// The version the caller required.
         expected: i64,
         /// The version found.
         actual: i64,
     },
     /// Concurrent writers kept winning the race; retrying later may succeed.
-    #[error("order {order_id} is at version {actual}, not {expected}: it was changed concurrently")]
+    #[error(
+        "{aggregate_type} {aggregate_id} is at version {actual}, not {expected}: it was changed concurrently"
+    )]
     Conflict {
-        /// The order.
-        order_id: OrderId,
+        /// Its type.
+        aggregate_type: &'static str,
+        /// The aggregate.
+        aggregate_id: Uuid,
         /// The version the command was decided against.
         expected: i64,
         /// The version found.
         actual: i64,
     },
-    /// Another transaction holds the order (another writer wrote its next version and has not
+    /// Another transaction holds the aggregate (another writer wrote its next version and has not
     /// committed, or holds its rows locked) for longer than the lock timeout: nothing was written;
-    /// retrying shortly may succeed. Every other order is written meanwhile.
+    /// retrying shortly may succeed. Every other aggregate is written meanwhile.
     #[error(
-        "order {order_id} is locked by another transaction (another writer holds it, uncommitted): nothing was written; retry shortly"
+        "{aggregate_type} {aggregate_id} is locked by another transaction (another writer holds it, uncommitted): nothing was written; retry shortly"
     )]
     Locked {
-        /// The order.
-        order_id: OrderId,
+        /// Its type.
+        aggregate_type: &'static str,
+        /// The aggregate.
+        aggregate_id: Uuid,
     },
     /// The idempotency key was first used for a different request.
     #[error("idempotency key {0:?} was already used for a different request")]
@@ -100,18 +109,36 @@ pub enum CommandError {
     /// not round-trip, a missing step): a fault, logged; nothing was written.
     #[error("the command's events could not be brought to the version this store writes")]
     WriteVersion(#[source] DowncastError),
-    /// The order's history could not be read.
+    /// The aggregate's history could not be read.
     #[error(transparent)]
-    Load(#[from] LoadError),
+    Load(LoadError),
     /// Writing failed.
     #[error(transparent)]
     Append(AppendError),
     /// The database failed.
     #[error("database error")]
-    Database(#[from] sqlx::Error),
+    Database(#[source] sqlx::Error),
 }
 
-impl CommandError {
+impl<E: std::error::Error + 'static> From<LoadError> for CommandError<E> {
+    fn from(error: LoadError) -> Self {
+        Self::Load(error)
+    }
+}
+
+impl<E: std::error::Error + 'static> From<sqlx::Error> for CommandError<E> {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Database(error)
+    }
+}
+
+impl From<OrderError> for CommandError<OrderError> {
+    fn from(error: OrderError) -> Self {
+        Self::Refused(error)
+    }
+}
+
+impl<E: std::error::Error + 'static> CommandError<E> {
     /// True when the caller's input was refused (exit code 2, HTTP 4xx), false for faults.
     pub fn is_refusal(&self) -> bool {
         matches!(
@@ -136,12 +163,12 @@ pub struct EventStore {
 }
 
 impl EventStore {
-    /// A store on `pool` that reads order events with the standard upcasters.
+    /// A store on `pool` that reads every aggregate type's events with the standard upcasters.
     pub fn new(pool: PgPool) -> Self {
         crate::alone::describe_metrics();
         Self {
             pool,
-            upcasters: Arc::new(Upcasters::orders()),
+            upcasters: Arc::new(Upcasters::all()),
             notifier: None,
             group: None,
             writes: Arc::new(WriteVersions::default()),
@@ -175,54 +202,61 @@ impl EventStore {
 
     /// Loads and folds one order (status `new`, version 0 when it does not exist).
     pub async fn load(&self, order_id: OrderId) -> Result<Order, LoadError> {
-        load_order(&self.pool, order_id, &self.upcasters).await
+        self.load_as::<Order>(order_id).await
     }
 
-    /// Decides `command` against the current state of `order_id` and records its events.
-    pub async fn execute(
+    /// Loads and folds one aggregate of type `A` (version 0 when it does not exist — also when the id
+    /// belongs to an aggregate of another type).
+    pub async fn load_as<A: Aggregate>(&self, id: A::Id) -> Result<A, LoadError> {
+        load_aggregate::<A>(&self.pool, id, &self.upcasters).await
+    }
+
+    /// Decides `command` against the current state of aggregate `id` and records its events.
+    pub async fn execute<C: Command>(
         &self,
-        order_id: OrderId,
-        command: &OrderCommand,
+        id: <C::Aggregate as Aggregate>::Id,
+        command: &C,
         context: &CommandContext,
-    ) -> Result<CommandOutcome, CommandError> {
-        let request = request_of(order_id, command);
+    ) -> Result<CommandOutcome<C::Aggregate>, CommandError<<C::Aggregate as Aggregate>::Error>>
+    {
+        let aggregate_type = <C::Aggregate as Aggregate>::TYPE;
+        let aggregate_id = id.as_uuid();
+        let request = request_of(id, command);
         if let Some(key) = &context.idempotency_key {
             if key.is_empty() || key.chars().count() > 200 {
                 return Err(CommandError::InvalidKey);
             }
-            if let Some(outcome) = self.recorded(key, &request).await? {
+            if let Some(outcome) = self.recorded::<C::Aggregate>(key, &request).await? {
                 return Ok(outcome);
             }
         }
-        // A new order needs no read: decide against an empty history and let the unique version
+        // A new aggregate needs no read: decide against an empty history and let the unique version
         // constraint catch an id that already exists.
-        let mut order = match command {
-            OrderCommand::Place(_) if context.expected_version.unwrap_or(0) == 0 => {
-                Order::new(order_id)
-            }
-            _ => self.load(order_id).await?,
+        let mut state = if command.creates() && context.expected_version.unwrap_or(0) == 0 {
+            C::Aggregate::new(id)
+        } else {
+            self.load_as::<C::Aggregate>(id).await?
         };
         let causation_id = Uuid::now_v7();
         let correlation_id = context.correlation_id.unwrap_or(causation_id);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            // An unknown order is "not found" whatever version the caller expected.
-            if order.status == domain::OrderStatus::New
-                && !matches!(command, OrderCommand::Place(_))
-            {
-                return Err(OrderError::NotFound(order_id).into());
+            // An unknown aggregate is "not found" whatever version the caller expected.
+            if state.version() == 0 && !command.creates() {
+                return Err(CommandError::Refused(C::Aggregate::not_found(id)));
             }
             if let Some(expected) = context.expected_version
-                && order.version != expected
+                && state.version() != expected
             {
                 return Err(CommandError::StaleVersion {
-                    order_id,
+                    aggregate_type,
+                    aggregate_id,
                     expected,
-                    actual: order.version,
+                    actual: state.version(),
                 });
             }
-            let events = match order.decide(command) {
+            let events = match state.decide(command) {
                 Ok(events) => events,
                 Err(refusal) => {
                     // A retry that raced its own first attempt: the first check found no record
@@ -230,17 +264,17 @@ impl EventStore {
                     // one that attempt left (an order already paid refuses a second payment). The
                     // record committed with those events: answer with it, not with the refusal.
                     if let Some(key) = &context.idempotency_key
-                        && let Some(outcome) = self.recorded(key, &request).await?
+                        && let Some(outcome) = self.recorded::<C::Aggregate>(key, &request).await?
                     {
                         return Ok(outcome);
                     }
-                    return Err(refusal.into());
+                    return Err(CommandError::Refused(refusal));
                 }
             };
             let now = now();
             let envelopes: Vec<EventEnvelope> = events
                 .iter()
-                .zip(order.version + 1..)
+                .zip(state.version() + 1..)
                 .map(|(event, version)| {
                     let meta = EventMeta {
                         event_id: Uuid::now_v7(),
@@ -248,9 +282,9 @@ impl EventStore {
                         correlation_id: Some(correlation_id),
                         causation_id: Some(causation_id),
                     };
-                    EventEnvelope::wrap_as::<domain::Order>(
+                    EventEnvelope::wrap_as::<C::Aggregate>(
                         event,
-                        order_id,
+                        id,
                         version,
                         meta,
                         &self.writes,
@@ -272,8 +306,8 @@ impl EventStore {
             match append_with(
                 &self.pool,
                 self.group.as_ref(),
-                order_id.as_uuid(),
-                order.version,
+                aggregate_id,
+                state.version(),
                 &envelopes,
                 &options,
             )
@@ -283,13 +317,13 @@ impl EventStore {
                     if let Some(notifier) = &self.notifier {
                         notifier.poke();
                     }
-                    let order = events.iter().fold(order, Order::apply);
+                    let state = events.iter().fold(state, |state, e| state.apply(e));
                     return Ok(CommandOutcome {
-                        order_id,
+                        id,
                         aggregate_version: written.aggregate_version,
                         event_ids: written.event_ids,
                         replayed: false,
-                        order,
+                        state,
                     });
                 }
                 Err(AppendError::VersionConflict {
@@ -297,40 +331,47 @@ impl EventStore {
                 }) => {
                     if context.expected_version.is_some() {
                         return Err(CommandError::StaleVersion {
-                            order_id,
+                            aggregate_type,
+                            aggregate_id,
                             expected,
                             actual,
                         });
                     }
                     if attempt > CONFLICT_RETRIES {
                         return Err(CommandError::Conflict {
-                            order_id,
+                            aggregate_type,
+                            aggregate_id,
                             expected,
                             actual,
                         });
                     }
-                    tracing::debug!(%order_id, attempt, expected, actual, "lost a race; deciding again");
-                    order = self.load(order_id).await?;
+                    tracing::debug!(aggregate_type, %aggregate_id, attempt, expected, actual, "lost a race; deciding again");
+                    state = self.load_as::<C::Aggregate>(id).await?;
                 }
                 Err(AppendError::IdempotencyKeyTaken(key)) => {
                     // A concurrent request with the same key committed first.
-                    return match self.recorded(&key, &request).await? {
+                    return match self.recorded::<C::Aggregate>(&key, &request).await? {
                         Some(outcome) => Ok(outcome),
                         None => Err(CommandError::Append(AppendError::IdempotencyKeyTaken(key))),
                     };
                 }
-                Err(AppendError::Locked { .. }) => return Err(CommandError::Locked { order_id }),
+                Err(AppendError::Locked { .. }) => {
+                    return Err(CommandError::Locked {
+                        aggregate_type,
+                        aggregate_id,
+                    });
+                }
                 Err(other) => return Err(CommandError::Append(other)),
             }
         }
     }
 
     /// The recorded result of an earlier request with `key`, if there was one.
-    async fn recorded(
+    async fn recorded<A: Aggregate>(
         &self,
         key: &str,
         request: &Value,
-    ) -> Result<Option<CommandOutcome>, CommandError> {
+    ) -> Result<Option<CommandOutcome<A>>, CommandError<A::Error>> {
         let Some(record) = sqlx::query_as::<_, IdempotencyRecord>(
             "SELECT request, aggregate_id, aggregate_version, event_ids
              FROM command_idempotency WHERE idempotency_key = $1",
@@ -344,13 +385,13 @@ impl EventStore {
         if &record.request != request {
             return Err(CommandError::KeyReused(key.to_owned()));
         }
-        let order_id = OrderId::from_uuid(record.aggregate_id);
+        let id = A::Id::from_uuid(record.aggregate_id);
         Ok(Some(CommandOutcome {
-            order_id,
+            id,
             aggregate_version: record.aggregate_version,
             event_ids: record.event_ids,
             replayed: true,
-            order: self.load(order_id).await?,
+            state: self.load_as::<A>(id).await?,
         }))
     }
 }
@@ -364,15 +405,22 @@ struct IdempotencyRecord {
     event_ids: Vec<Uuid>,
 }
 
-/// The request as recorded with an idempotency key. A new order's id is left out: a retried `place`
-/// arrives with a freshly generated id and must still be recognised.
-fn request_of(order_id: OrderId, command: &OrderCommand) -> Value {
+/// The request as recorded with an idempotency key. A new aggregate's id is left out: a retried
+/// `place` arrives with a freshly generated id and must still be recognised. An order's request keeps
+/// the shape it always had (`order_id`), so keys recorded before other aggregate types existed still
+/// match; any other type's names its type and `aggregate_id`.
+fn request_of<C: Command>(id: <C::Aggregate as Aggregate>::Id, command: &C) -> Value {
     let mut request = serde_json::to_value(command).expect(
         "a command is a tagged struct of strings, integers and lists of them; serializing it into a \
          `Value` cannot fail",
     );
-    if !matches!(command, OrderCommand::Place(_)) {
-        request["order_id"] = json!(order_id);
+    let is_order = <C::Aggregate as Aggregate>::TYPE == Order::TYPE;
+    if !is_order {
+        request["aggregate_type"] = json!(<C::Aggregate as Aggregate>::TYPE);
+    }
+    if !command.creates() {
+        let key = if is_order { "order_id" } else { "aggregate_id" };
+        request[key] = json!(id.as_uuid());
     }
     request
 }

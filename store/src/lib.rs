@@ -18,7 +18,7 @@ pub use append::{AppendError, AppendOptions, AppendResult, append};
 pub use commands::{CommandContext, CommandError, CommandOutcome, EventStore};
 pub use database::migrate;
 pub use group_commit::{GroupCommit, GroupCommitSettings};
-pub use load::{EnvelopeRow, LoadError, load_envelopes, load_order};
+pub use load::{EnvelopeRow, LoadError, load_aggregate, load_envelopes, load_order};
 pub use notify::{OUTBOX_CHANNEL, OutboxNotifier, notify_now};
 
 /// Every migration under `migrations/`, embedded in the binary. Tests use it through

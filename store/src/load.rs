@@ -1,7 +1,7 @@
 //! Reading an aggregate's history back: rows to envelopes, upcast, decoded and folded.
 
 use chrono::{DateTime, Utc};
-use domain::{DecodeError, EventEnvelope, Order, OrderEvent, OrderId, Upcasters};
+use domain::{Aggregate, AggregateId, DecodeError, EventEnvelope, Order, OrderId, Upcasters};
 use serde_json::Value;
 use sqlx::PgExecutor;
 use uuid::Uuid;
@@ -13,9 +13,7 @@ pub enum LoadError {
     #[error("reading events failed")]
     Database(#[from] sqlx::Error),
     /// A stored event cannot be brought to the current shape: a missing upcaster or a corrupt row.
-    #[error(
-        "event {event_id} (version {aggregate_version} of order {aggregate_id}) cannot be decoded"
-    )]
+    #[error("event {event_id} (version {aggregate_version} of {aggregate_id}) cannot be decoded")]
     Undecodable {
         /// The bad event.
         event_id: Uuid,
@@ -27,7 +25,7 @@ pub enum LoadError {
         source: DecodeError,
     },
     /// Versions are not 1, 2, 3, ...: the log was tampered with.
-    #[error("order {aggregate_id} history has a gap: expected version {expected}, found {found}")]
+    #[error("{aggregate_id} history has a gap: expected version {expected}, found {found}")]
     Gap {
         /// The order.
         aggregate_id: Uuid,
@@ -126,10 +124,29 @@ pub async fn load_order(
     order_id: OrderId,
     upcasters: &Upcasters,
 ) -> Result<Order, LoadError> {
-    let envelopes = load_envelopes(db, order_id.as_uuid()).await?;
-    let mut events: Vec<OrderEvent> = Vec::with_capacity(envelopes.len());
-    for (index, envelope) in envelopes.iter().enumerate() {
-        let expected = index as i64 + 1;
+    load_aggregate::<Order>(db, order_id, upcasters).await
+}
+
+/// Loads, upcasts and folds one aggregate of type `A`. An unknown id — or one that belongs to an
+/// aggregate of another type — gives the aggregate with no history (version 0).
+pub async fn load_aggregate<A: Aggregate>(
+    db: impl PgExecutor<'_>,
+    id: A::Id,
+    upcasters: &Upcasters,
+) -> Result<A, LoadError> {
+    let rows: Vec<EnvelopeRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        envelope_columns!(),
+        " FROM events WHERE aggregate_id = $1 AND aggregate_type = $2 ORDER BY aggregate_version"
+    ))
+    .bind(id.as_uuid())
+    .bind(A::TYPE)
+    .fetch_all(db)
+    .await?;
+    let mut events: Vec<A::Event> = Vec::with_capacity(rows.len());
+    for (index, row) in rows.into_iter().enumerate() {
+        let envelope = EventEnvelope::from(row);
+        let expected = i64::try_from(index).unwrap_or(i64::MAX).saturating_add(1);
         if envelope.aggregate_version != expected {
             return Err(LoadError::Gap {
                 aggregate_id: envelope.aggregate_id,
@@ -137,15 +154,16 @@ pub async fn load_order(
                 found: envelope.aggregate_version,
             });
         }
-        let event = envelope
-            .decode(upcasters)
-            .map_err(|source| LoadError::Undecodable {
-                event_id: envelope.event_id,
-                aggregate_id: envelope.aggregate_id,
-                aggregate_version: envelope.aggregate_version,
-                source,
-            })?;
+        let event =
+            envelope
+                .decode_for::<A>(upcasters)
+                .map_err(|source| LoadError::Undecodable {
+                    event_id: envelope.event_id,
+                    aggregate_id: envelope.aggregate_id,
+                    aggregate_version: envelope.aggregate_version,
+                    source,
+                })?;
         events.push(event);
     }
-    Ok(Order::fold(order_id, &events))
+    Ok(A::fold(id, &events))
 }

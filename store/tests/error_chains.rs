@@ -55,7 +55,7 @@ fn an_undecodable_event_names_the_event_and_order_and_says_why_once() {
     let printed = assert_said_once(&error);
     assert!(
         printed.starts_with(&format!(
-            "event {event_id} (version 2 of order {aggregate_id}) cannot be decoded: \
+            "event {event_id} (version 2 of {aggregate_id}) cannot be decoded: \
              order.cancelled payload does not match its schema: "
         )),
         "{printed}"
@@ -63,7 +63,7 @@ fn an_undecodable_event_names_the_event_and_order_and_says_why_once() {
     assert!(printed.contains("nonsense"), "the why is kept: {printed}");
 
     // Through a command, the load error is passed on as it is.
-    let printed = assert_said_once(&CommandError::from(undecodable()));
+    let printed = assert_said_once(&CommandError::<domain::OrderError>::from(undecodable()));
     assert!(printed.contains("cannot be decoded"), "{printed}");
 }
 
@@ -77,13 +77,17 @@ fn database_failures_say_what_failed_and_leave_the_why_to_the_source() {
     let printed = assert_said_once(&AppendError::from(sqlx_error()));
     assert_eq!(printed, format!("appending events failed: {why}"));
 
-    let printed = assert_said_once(&CommandError::from(sqlx_error()));
+    let printed = assert_said_once(&CommandError::<domain::OrderError>::from(sqlx_error()));
     assert_eq!(printed, format!("database error: {why}"));
 
-    let printed = assert_said_once(&CommandError::Load(LoadError::from(sqlx_error())));
+    let printed = assert_said_once(&CommandError::<domain::OrderError>::Load(LoadError::from(
+        sqlx_error(),
+    )));
     assert_eq!(printed, format!("reading events failed: {why}"));
 
-    let printed = assert_said_once(&CommandError::Append(AppendError::from(sqlx_error())));
+    let printed = assert_said_once(&CommandError::<domain::OrderError>::Append(
+        AppendError::from(sqlx_error()),
+    ));
     assert_eq!(printed, format!("appending events failed: {why}"));
 }
 

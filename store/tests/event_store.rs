@@ -273,7 +273,7 @@ async fn a_retry_with_the_same_idempotency_key_returns_the_first_result(pool: Pg
 
     assert!(!first.replayed);
     assert!(retry.replayed);
-    assert_eq!(retry.order_id, first.order_id);
+    assert_eq!(retry.id, first.id);
     assert_eq!(retry.event_ids, first.event_ids);
     assert_eq!(retry.aggregate_version, 1);
     assert_eq!(count(&pool, "events").await, 1);
@@ -299,8 +299,8 @@ async fn concurrent_requests_with_one_key_write_once(pool: PgPool) {
         .into_iter()
         .map(|r| r.expect("each succeeds"))
         .collect();
-    let first = results[0].order_id;
-    assert!(results.iter().all(|r| r.order_id == first));
+    let first = results[0].id;
+    assert!(results.iter().all(|r| r.id == first));
     assert_eq!(results.iter().filter(|r| !r.replayed).count(), 1);
     assert_eq!(count(&pool, "events").await, 1);
     assert_eq!(count(&pool, "command_idempotency").await, 1);
@@ -323,10 +323,10 @@ async fn a_retry_racing_its_first_attempt_is_answered_not_refused(pool: PgPool) 
             ..Default::default()
         };
         let pay = pay_command(3000);
-        let first = store.execute(placed.order_id, &pay, &context);
+        let first = store.execute(placed.id, &pay, &context);
         let retry = async {
             tokio::time::sleep(std::time::Duration::from_micros(round % 30 * 100)).await;
-            store.execute(placed.order_id, &pay, &context).await
+            store.execute(placed.id, &pay, &context).await
         };
         let (first, retry) = tokio::join!(first, retry);
         first.expect("the first attempt succeeds");
@@ -347,7 +347,7 @@ async fn reusing_a_key_for_a_different_request_is_refused(pool: PgPool) {
         .await
         .expect("place");
     let err = store
-        .execute(placed.order_id, &pay_command(3000), &context)
+        .execute(placed.id, &pay_command(3000), &context)
         .await
         .expect_err("reused");
     assert!(matches!(err, CommandError::KeyReused(_)), "{err}");

@@ -66,7 +66,7 @@ async fn orders_placed_together_share_commits_and_each_is_answered(pool: PgPool)
 
     for (id, result) in ids.iter().zip(&results) {
         let outcome = result.as_ref().expect("placed");
-        assert_eq!((outcome.order_id, outcome.aggregate_version), (*id, 1));
+        assert_eq!((outcome.id, outcome.aggregate_version), (*id, 1));
         let stored: Vec<Uuid> =
             sqlx::query_scalar("SELECT event_id FROM outbox WHERE aggregate_id = $1")
                 .bind(id.as_uuid())
@@ -344,7 +344,7 @@ async fn a_locked_order_holds_up_only_its_own_commands(pool: PgPool) {
     for placing in placing_held {
         let (answer, after) = placing.await.expect("joins");
         assert!(
-            matches!(answer, Err(CommandError::Locked { order_id }) if order_id == held),
+            matches!(answer, Err(CommandError::Locked { aggregate_id, .. }) if aggregate_id == held.as_uuid()),
             "{answer:?}"
         );
         assert!(after < Duration::from_secs(3), "answered after {after:?}");

@@ -88,7 +88,7 @@ async fn execute(
         .await
         .map_err(command_failure)?;
     tracing::info!(
-        order_id = %outcome.order_id,
+        order_id = %outcome.id,
         command = command.verb(),
         version = outcome.aggregate_version,
         replayed = outcome.replayed,
@@ -108,10 +108,10 @@ fn print_outcome(command: &OrderCommand, outcome: &CommandOutcome, json: bool) {
     let event_id = outcome.event_ids.first();
     if json {
         let body = json!({
-            "order_id": outcome.order_id,
+            "order_id": outcome.id,
             "aggregate_version": outcome.aggregate_version,
             "event_id": event_id,
-            "status": outcome.order.status,
+            "status": outcome.state.status,
             "replayed": outcome.replayed,
         });
         println!("{body}");
@@ -130,7 +130,7 @@ fn print_outcome(command: &OrderCommand, outcome: &CommandOutcome, json: bool) {
     };
     println!(
         "{past} order {} at version {}{replay}",
-        outcome.order_id, outcome.aggregate_version
+        outcome.id, outcome.aggregate_version
     );
     if let Some(event_id) = event_id {
         println!("event {event_id}");

@@ -866,3 +866,111 @@ async fn a_writer_frozen_mid_transaction_stalls_only_its_own_orders(pool: PgPool
     frozen.rollback().await.expect("rollback");
     assert_eq!(events(&pool).await, 3, "the payments wrote nothing");
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn customers_are_a_second_aggregate_beside_orders(pool: PgPool) {
+    let service = Service::start(&pool).await;
+    let created = service
+        .post(
+            "/customers",
+            json!({"customer_id": "alice", "name": "Alice Liddell"}),
+        )
+        .await;
+    assert_eq!(created.status(), StatusCode::CREATED);
+    assert_eq!(
+        created
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok()),
+        Some("/customers/alice")
+    );
+    let body: Value = created.json().await.expect("json");
+    assert_eq!(
+        (body["version"].clone(), body["name"].clone()),
+        (json!(1), json!("Alice Liddell"))
+    );
+    let key = body["key"].as_str().expect("key").to_owned();
+
+    // The same handle again: 409, nothing written.
+    let taken = service
+        .post(
+            "/customers",
+            json!({"customer_id": "alice", "name": "Other"}),
+        )
+        .await;
+    problem(taken, StatusCode::CONFLICT, "already registered").await;
+    let renamed = service
+        .post("/customers/alice/rename", json!({"name": "Alice L."}))
+        .await;
+    assert_eq!(renamed.status(), StatusCode::OK);
+    let shown: Value = service
+        .client
+        .get(service.url("/customers/alice"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        (shown["version"].clone(), shown["name"].clone()),
+        (json!(2), json!("Alice L."))
+    );
+
+    // Unknown customers, bad handles and bad bodies are refused.
+    let unknown = service
+        .client
+        .get(service.url("/customers/bob"))
+        .send()
+        .await
+        .expect("get");
+    let body = problem(unknown, StatusCode::NOT_FOUND, "not found").await;
+    assert_eq!(body["type"], "urn:waybill:problem:customer-not-found");
+    let rename_unknown = service
+        .post("/customers/bob/rename", json!({"name": "Bob"}))
+        .await;
+    problem(rename_unknown, StatusCode::NOT_FOUND, "not found").await;
+    let blank = service
+        .post("/customers", json!({"customer_id": "carol", "name": "  "}))
+        .await;
+    problem(blank, StatusCode::UNPROCESSABLE_ENTITY, "name").await;
+    let bad_handle = service
+        .post(
+            "/customers",
+            json!({"customer_id": "no spaces", "name": "x"}),
+        )
+        .await;
+    problem(bad_handle, StatusCode::UNPROCESSABLE_ENTITY, "customer id").await;
+
+    // A customer's id is no order: 404 on the order routes, and nothing written.
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    let as_order = service
+        .client
+        .get(service.url(&format!("/orders/{key}")))
+        .send()
+        .await
+        .expect("get");
+    problem(as_order, StatusCode::NOT_FOUND, "not found").await;
+    let pay = service
+        .post(&format!("/orders/{key}/pay"), json!({"amount_cents": 100}))
+        .await;
+    problem(pay, StatusCode::NOT_FOUND, "not found").await;
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(before, after);
+    let types: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT aggregate_type FROM outbox ORDER BY 1")
+            .fetch_all(&pool)
+            .await
+            .expect("types");
+    assert_eq!(
+        types,
+        ["customer"],
+        "the customer's events go through the outbox"
+    );
+}
