@@ -47,7 +47,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = ops::command_line::parse();
     ops::init_logging(match cli.command {
         // sqlx reports every session PostgreSQL ends as a warning: a crash does that on purpose here.
         Command::Chaos(_) => "info,sqlx=error,async_nats=warn",
@@ -79,7 +79,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(error) => {
-            eprintln!("waybill-lab: {error:#}");
+            eprintln!("waybill-lab: {}", ops::redact_text(&format!("{error:#}")));
             ExitCode::FAILURE
         }
     }

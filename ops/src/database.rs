@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgPool};
 /// some CI shells), so the fallback is explicit here: `PGUSER`, then `USER`, then `LOGNAME`, then
 /// `postgres`, the conventional superuser.
 pub fn connect_options(url: &str) -> sqlx::Result<PgConnectOptions> {
-    let options: PgConnectOptions = url.parse()?;
+    let options: PgConnectOptions = url.parse().map_err(|error| unreadable_url(url, error))?;
     let authority = url
         .split_once("://")
         .and_then(|(_, rest)| rest.split(['/', '?']).next())
@@ -29,6 +29,26 @@ pub fn connect_options(url: &str) -> sqlx::Result<PgConnectOptions> {
         .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()))
         .unwrap_or_else(|| "postgres".to_owned());
     Ok(options.username(&user))
+}
+
+/// A URL the parser refused, said with what is likely wrong (the parser only says "invalid port
+/// number" when a password's unencoded `#` ended the host early). Never quotes the URL.
+fn unreadable_url(url: &str, error: sqlx::Error) -> sqlx::Error {
+    let sqlx::Error::Configuration(cause) = &error else {
+        return error;
+    };
+    let hint = match url.split_once("://") {
+        None => {
+            "it must be a URL, postgres://user@host:port/database (key/value connection strings \
+             are not read)"
+        }
+        Some((_, rest)) if rest.contains('@') => {
+            "a user name or password holding #, / or ? must have them percent-encoded (%23, %2F, \
+             %3F)"
+        }
+        Some(_) => return error,
+    };
+    sqlx::Error::Configuration(format!("the database URL cannot be read ({cause}): {hint}").into())
 }
 
 /// `url` with its database name replaced by `database`: the same server, user and options.
@@ -141,6 +161,16 @@ mod tests {
             with_database("postgres://h:5432", "b"),
             "postgres://h:5432/b"
         );
+    }
+
+    #[test]
+    fn an_unencoded_character_in_a_password_is_named_not_quoted() {
+        let error = connect_options("postgres://u:pa#ss@h:5432/db").expect_err("refused");
+        let message = error.to_string();
+        assert!(message.contains("percent-encoded"), "{message}");
+        assert!(!message.contains("pa#ss"), "{message}");
+        let error = connect_options("host=h password=secret").expect_err("refused");
+        assert!(error.to_string().contains("must be a URL"), "{error}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub fn report_failure(error: &anyhow::Error, refused: bool, json_output: bool) -
     let refused = refused || error.chain().any(|cause| cause.is::<Refused>());
     let kind = if refused { "refused" } else { "failed" };
     // Whatever a cause quotes, a password in a URL is not printed.
-    let message = crate::redact_url(&error_chain(error.as_ref()));
+    let message = crate::redact_text(&error_chain(error.as_ref()));
     if json_output {
         let body = serde_json::json!({ "error": { "kind": kind, "message": message } });
         println!("{body}");
@@ -36,7 +36,7 @@ pub fn report_failure(error: &anyhow::Error, refused: bool, json_output: bool) -
 /// `error` and its causes, outermost first, joined by ": ": each `source()` once. A cause whose message
 /// the previous one already ends with is not printed again (sqlx's errors quote their source in their
 /// own message, e.g. "error communicating with database: refused" over "refused").
-pub fn error_chain(error: &dyn std::error::Error) -> String {
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut previous = text.clone();
     let mut source = error.source();

@@ -2,6 +2,7 @@
 //! the hardened HTTP edge, and the metrics and health endpoint. What only tests, benchmarks and the lab
 //! need (private servers, measurement helpers) lives in `testkit`.
 
+pub mod command_line;
 pub mod connection;
 pub mod database;
 mod edge;
@@ -20,6 +21,6 @@ pub use exit::{Refused, error_chain, report_failure};
 pub use logging::init_logging;
 pub use nats::NatsConnection;
 pub use operator::OperatorToken;
-pub use redact::redact_url;
+pub use redact::{redact_text, redact_url, remember_secret, remember_secrets_in};
 pub use shutdown::shutdown_signal;
 pub use telemetry::{HealthCheck, install_metrics_recorder, serve, telemetry_routes};
