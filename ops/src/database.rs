@@ -136,6 +136,27 @@ pub fn is_undefined_table(err: &sqlx::Error) -> bool {
     has_sqlstate(err, "42P01")
 }
 
+/// True when `err` says the database failed rather than refused what the statement held, so the same
+/// statement can succeed later: the connection was lost or refused (SQLSTATE class 08, and the
+/// client's own I/O, TLS, protocol and pool errors), the transaction lost to another one (40:
+/// serialization failure, deadlock), the server ran out of resources (53: disk, memory, connections),
+/// an operator or a timeout stopped it (57: statement timeout, administrator shutdown, crash
+/// recovery, cannot connect now), a system error (58: I/O), or a lock was not free in time (55P03).
+pub fn is_transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code == "55P03" || ["08", "40", "53", "57", "58"].contains(&code.get(..2).unwrap_or(""))
+        }),
+        _ => false,
+    }
+}
+
 /// True when `err` is a database error with SQLSTATE `code`.
 pub fn has_sqlstate(err: &sqlx::Error, code: &str) -> bool {
     err.as_database_error()

@@ -3,6 +3,7 @@
 //! event exactly once in effect and in per-aggregate order.
 
 mod apply;
+mod blame;
 pub mod checkpoint;
 pub mod cli;
 mod consume;
