@@ -190,6 +190,9 @@ impl NatsConnection {
         }
         options
             .name(name)
+            // A permission the server refuses comes back as a client event, not as the request's
+            // answer (which then only times out): remember it, so that the error says what happened.
+            .event_callback(|event| async move { crate::nats_refusal::observe(&event) })
             .connection_timeout(Duration::from_secs(5))
             .connect(urls)
             .await
