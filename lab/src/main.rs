@@ -44,15 +44,58 @@ enum Command {
     /// projection, and the whole pipeline over HTTP (latency against offered load, the highest
     /// sustained rate); a table, --json, --plot FILE.svg, and the targets judged.
     Bench(bench::BenchArgs),
+    /// Write the nats-server accounts file (deploy/nats/accounts.conf): one least-privilege user per
+    /// process, each projection's user allowed its own consumers only, partitioned ones included up
+    /// to --max-partitions. For a stream or subject prefix of your own, or more partitions.
+    NatsAccounts(NatsAccountsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct NatsAccountsArgs {
+    /// The JetStream stream the users may use.
+    #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM,
+          value_parser = projections::accounts::stream_name)]
+    stream: String,
+    /// The subject prefix only the relay may publish under.
+    #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX,
+          value_parser = projections::accounts::subject_prefix)]
+    subject_prefix: String,
+    /// Allow every partition layout up to this many partitions (`--partitions` of the projections).
+    #[arg(long, value_name = "P", default_value_t = projections::accounts::SHIPPED_MAX_PARTITIONS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(projections::partition::MAX_PARTITIONS)))]
+    max_partitions: u32,
+    /// Write the file here instead of printing it.
+    #[arg(long, value_name = "FILE")]
+    write: Option<std::path::PathBuf>,
+}
+
+/// `waybill-lab nats-accounts`: renders the accounts file and prints or writes it.
+fn nats_accounts(args: NatsAccountsArgs) -> anyhow::Result<()> {
+    let layout = projections::accounts::AccountsLayout {
+        projections: &projections::accounts::PROJECTIONS,
+        stream: &args.stream,
+        subject_prefix: &args.subject_prefix,
+        max_partitions: args.max_partitions,
+    };
+    let text = layout.render();
+    match args.write {
+        Some(path) => std::fs::write(&path, text)
+            .map_err(|error| anyhow::anyhow!("cannot write {}: {error}", path.display())),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = ops::command_line::parse();
     ops::init_logging(match cli.command {
         // sqlx reports every session PostgreSQL ends as a warning: a crash does that on purpose here.
         Command::Chaos(_) => "info,sqlx=error,async_nats=warn",
         // The bench prints its own progress; the projections it runs in-process only warn.
         Command::Bench(_) => "warn,projections=error,sqlx=error",
+        Command::NatsAccounts(_) => "warn",
         // The demo and the load tell their own story; the libraries they run only warn.
         _ => "warn,relay=error,projections=error",
     });
@@ -73,13 +116,14 @@ fn main() -> ExitCode {
             Command::Services(args) => demo::services::serve(&database_url, args)
                 .await
                 .map(|()| true),
+            Command::NatsAccounts(args) => nats_accounts(args).map(|()| true),
         }
     });
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(error) => {
-            eprintln!("waybill-lab: {error:#}");
+            eprintln!("waybill-lab: {}", ops::redact_text(&format!("{error:#}")));
             ExitCode::FAILURE
         }
     }

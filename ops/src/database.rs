@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgPool};
 /// some CI shells), so the fallback is explicit here: `PGUSER`, then `USER`, then `LOGNAME`, then
 /// `postgres`, the conventional superuser.
 pub fn connect_options(url: &str) -> sqlx::Result<PgConnectOptions> {
-    let options: PgConnectOptions = url.parse()?;
+    let options: PgConnectOptions = url.parse().map_err(|error| unreadable_url(url, error))?;
     let authority = url
         .split_once("://")
         .and_then(|(_, rest)| rest.split(['/', '?']).next())
@@ -29,6 +29,26 @@ pub fn connect_options(url: &str) -> sqlx::Result<PgConnectOptions> {
         .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()))
         .unwrap_or_else(|| "postgres".to_owned());
     Ok(options.username(&user))
+}
+
+/// A URL the parser refused, said with what is likely wrong (the parser only says "invalid port
+/// number" when a password's unencoded `#` ended the host early). Never quotes the URL.
+fn unreadable_url(url: &str, error: sqlx::Error) -> sqlx::Error {
+    let sqlx::Error::Configuration(cause) = &error else {
+        return error;
+    };
+    let hint = match url.split_once("://") {
+        None => {
+            "it must be a URL, postgres://user@host:port/database (key/value connection strings \
+             are not read)"
+        }
+        Some((_, rest)) if rest.contains('@') => {
+            "a user name or password holding #, / or ? must have them percent-encoded (%23, %2F, \
+             %3F)"
+        }
+        Some(_) => return error,
+    };
+    sqlx::Error::Configuration(format!("the database URL cannot be read ({cause}): {hint}").into())
 }
 
 /// `url` with its database name replaced by `database`: the same server, user and options.
@@ -116,6 +136,27 @@ pub fn is_undefined_table(err: &sqlx::Error) -> bool {
     has_sqlstate(err, "42P01")
 }
 
+/// True when `err` says the database failed rather than refused what the statement held, so the same
+/// statement can succeed later: the connection was lost or refused (SQLSTATE class 08, and the
+/// client's own I/O, TLS, protocol and pool errors), the transaction lost to another one (40:
+/// serialization failure, deadlock), the server ran out of resources (53: disk, memory, connections),
+/// an operator or a timeout stopped it (57: statement timeout, administrator shutdown, crash
+/// recovery, cannot connect now), a system error (58: I/O), or a lock was not free in time (55P03).
+pub fn is_transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code == "55P03" || ["08", "40", "53", "57", "58"].contains(&code.get(..2).unwrap_or(""))
+        }),
+        _ => false,
+    }
+}
+
 /// True when `err` is a database error with SQLSTATE `code`.
 pub fn has_sqlstate(err: &sqlx::Error, code: &str) -> bool {
     err.as_database_error()
@@ -141,6 +182,16 @@ mod tests {
             with_database("postgres://h:5432", "b"),
             "postgres://h:5432/b"
         );
+    }
+
+    #[test]
+    fn an_unencoded_character_in_a_password_is_named_not_quoted() {
+        let error = connect_options("postgres://u:pa#ss@h:5432/db").expect_err("refused");
+        let message = error.to_string();
+        assert!(message.contains("percent-encoded"), "{message}");
+        assert!(!message.contains("pa#ss"), "{message}");
+        let error = connect_options("host=h password=secret").expect_err("refused");
+        assert!(error.to_string().contains("must be a URL"), "{error}");
     }
 
     #[test]

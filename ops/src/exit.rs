@@ -35,7 +35,7 @@ pub fn report_failure(error: &anyhow::Error, refused: bool, json_output: bool) -
     let refused = refused || error.chain().any(|cause| cause.is::<Refused>());
     let kind = if refused { "refused" } else { "failed" };
     // Whatever a cause quotes, a password in a URL is not printed.
-    let message = crate::redact_url(&error_chain(error.as_ref()));
+    let message = crate::redact_text(&error_chain(error.as_ref()));
     if json_output {
         let body = serde_json::json!({ "error": { "kind": kind, "message": message } });
         println!("{body}");
@@ -47,19 +47,36 @@ pub fn report_failure(error: &anyhow::Error, refused: bool, json_output: bool) -
 
 /// `error` and its causes, outermost first, joined by ": ": each `source()` once. A cause whose message
 /// the previous one already ends with is not printed again (sqlx's errors quote their source in their
-/// own message, e.g. "error communicating with database: refused" over "refused").
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut previous = text.clone();
+/// own message, e.g. "error communicating with database: refused" over "refused"). A NATS request
+/// that timed out shortly after the server refused this process a permission is named as that
+/// refusal ("permission denied by the NATS server: publish to <subject>"): the server answers a
+/// refused request with nothing but that event, so "timed out" alone would send an operator looking
+/// for a slow server.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = shown_cause(error);
+    let mut previous = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
         let message = cause.to_string();
         if !previous.ends_with(&message) {
             text.push_str(": ");
-            text.push_str(&message);
+            text.push_str(&shown_cause(cause));
         }
         previous = message;
         source = cause.source();
     }
     text
+}
+
+/// A cause's message, or the NATS refusal that explains it when it is a timeout.
+fn shown_cause(cause: &(dyn std::error::Error + 'static)) -> String {
+    let message = cause.to_string();
+    // A database pool's timeout has nothing to do with NATS.
+    if message.contains("timed out")
+        && cause.downcast_ref::<sqlx::Error>().is_none()
+        && let Some(refusal) = crate::nats_refusal::recent_refusal()
+    {
+        return format!("{refusal} (the request then timed out)");
+    }
+    message
 }

@@ -132,8 +132,8 @@ impl NatsConnection {
         // of them and fails over to the others (and to those the cluster advertises).
         let mut urls = Vec::new();
         let (mut url_user, mut url_password) = (None, None);
-        for part in self.url.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (url, user, password) = split_credentials(part)
+        for part in servers(&self.url) {
+            let (url, user, password) = split_credentials(&part)
                 .with_context(|| format!("the NATS URL {} is not valid", self.shown()))?;
             url_user = url_user.or(user);
             url_password = url_password.or(password);
@@ -190,6 +190,9 @@ impl NatsConnection {
         }
         options
             .name(name)
+            // A permission the server refuses comes back as a client event, not as the request's
+            // answer (which then only times out): remember it, so that the error says what happened.
+            .event_callback(|event| async move { crate::nats_refusal::observe(&event) })
             .connection_timeout(Duration::from_secs(5))
             .connect(urls)
             .await
@@ -198,25 +201,61 @@ impl NatsConnection {
     }
 }
 
-/// Splits `user:password@` out of a NATS URL (percent-decoded), returning the URL without them.
-fn split_credentials(url: &str) -> anyhow::Result<(String, Option<String>, Option<String>)> {
-    let address: async_nats::ServerAddr = url.parse()?;
-    let decode = |s: &str| -> anyhow::Result<String> {
-        Ok(percent_encoding::percent_decode_str(s)
-            .decode_utf8()
-            .context("credentials that are not UTF-8")?
-            .into_owned())
-    };
-    let user = address.username().map(decode).transpose()?;
-    let password = address.password().map(decode).transpose()?;
-    if user.is_none() && password.is_none() {
-        return Ok((url.to_owned(), None, None));
+/// The servers of a comma-separated NATS URL list. A comma inside a password (`nats://u:p,ss@h`)
+/// does not split: a piece that is no address on its own and whose user info the next piece ends
+/// (that piece has an `@` and no scheme) is joined with it.
+fn servers(list: &str) -> Vec<String> {
+    let mut servers: Vec<String> = Vec::new();
+    for piece in list.split(',') {
+        if let Some(last) = servers.last_mut() {
+            let open = {
+                let authority = last.split_once("://").map_or(last.as_str(), |(_, r)| r);
+                authority.contains(':') && !authority.contains('@')
+            };
+            if open
+                && piece.contains('@')
+                && !piece.contains("://")
+                && split_credentials(last.trim()).is_err()
+            {
+                last.push(',');
+                last.push_str(piece);
+                continue;
+            }
+        }
+        servers.push(piece.to_owned());
     }
-    let mut bare = address.into_inner();
-    // Neither can fail on a URL that has a host, which a parsed NATS address always has.
-    let _ = bare.set_username("");
-    let _ = bare.set_password(None);
-    Ok((bare.to_string(), user, password))
+    servers
+        .into_iter()
+        .map(|server| server.trim().to_owned())
+        .filter(|server| !server.is_empty())
+        .collect()
+}
+
+/// Splits `user:password@` out of a NATS URL (percent-decoded), returning the URL without them. The
+/// user info ends at the URL's last `@`, so a password may hold `#`, `/` or `?` unencoded (the URL
+/// parser would take them for the end of the host).
+fn split_credentials(url: &str) -> anyhow::Result<(String, Option<String>, Option<String>)> {
+    let decode = |s: &str| -> anyhow::Result<Option<String>> {
+        let decoded = percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .context("credentials that are not UTF-8")?;
+        Ok((!decoded.is_empty()).then(|| decoded.into_owned()))
+    };
+    let (scheme, rest) = url.split_once("://").unwrap_or(("nats", url));
+    let Some((user_info, host)) = rest.rsplit_once('@') else {
+        let _: async_nats::ServerAddr = url.parse()?;
+        return Ok((url.to_owned(), None, None));
+    };
+    let (user, password) = user_info
+        .split_once(':')
+        .map_or((user_info, None), |(user, password)| (user, Some(password)));
+    let bare = format!("{scheme}://{host}");
+    let _: async_nats::ServerAddr = bare.parse()?;
+    let password = match password {
+        Some(password) => decode(password)?,
+        None => None,
+    };
+    Ok((bare, decode(user)?, password))
 }
 
 #[cfg(test)]
@@ -234,6 +273,28 @@ mod tests {
             split_credentials("nats://127.0.0.1:4222").expect("valid"),
             ("nats://127.0.0.1:4222".to_owned(), None, None)
         );
+        for password in ["p#ss", "p/ss", "p?ss", "p@ss", "p:ss", "p,ss", "12/ss"] {
+            let (url, user, decoded) =
+                split_credentials(&format!("nats://relay:{password}@127.0.0.1:4222"))
+                    .expect("valid");
+            assert_eq!(url, "nats://127.0.0.1:4222");
+            assert_eq!(user.as_deref(), Some("relay"));
+            assert_eq!(decoded.as_deref(), Some(password));
+        }
+    }
+
+    #[test]
+    fn a_comma_splits_servers_but_not_a_password() {
+        assert_eq!(
+            servers("nats://a:4222, nats://b:4222"),
+            ["nats://a:4222", "nats://b:4222"]
+        );
+        assert_eq!(servers("nats://u:p,ss@h:4222"), ["nats://u:p,ss@h:4222"]);
+        assert_eq!(
+            servers("nats://u:p,ss@h:4222,nats://h2:4222"),
+            ["nats://u:p,ss@h:4222", "nats://h2:4222"]
+        );
+        assert_eq!(servers("a:4222,b:4222"), ["a:4222", "b:4222"]);
     }
 
     #[test]

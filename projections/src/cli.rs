@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -53,14 +53,11 @@ pub async fn main<P: Projection, R: Subcommand + std::fmt::Debug>(
     read_routes: impl FnOnce(PgPool) -> axum::Router,
     read: impl AsyncFnOnce(R, PgPool, bool) -> anyhow::Result<()>,
 ) -> ExitCode {
-    let matches = Cli::<R>::command()
-        .name(format!("waybill-{}", P::NAME))
-        .about(about)
-        .get_matches();
-    let cli = match Cli::<R>::from_arg_matches(&matches) {
-        Ok(cli) => cli,
-        Err(error) => error.exit(),
-    };
+    let cli: Cli<R> = ops::command_line::parse_command(
+        Cli::<R>::command()
+            .name(format!("waybill-{}", P::NAME))
+            .about(about),
+    );
     ops::init_logging("info,sqlx=warn,async_nats=warn");
     let outcome = match cli.command {
         Command::Common(common) => {

@@ -1,15 +1,16 @@
 //! Consuming: pull batches from the durable consumer, apply each in one transaction, then settle every
 //! message with the broker. Applied, duplicate and held messages are acked, parked ones terminated:
-//! only a failing database leaves a message unacknowledged, so no number of gaps or poison messages
-//! can fill the consumer's ack-pending window. A batch that fails is applied again message by message,
-//! so the one bad message is parked alone and the others go through.
+//! only a failing database leaves a message unacknowledged (redelivered after a growing delay, and
+//! never parked for it: `blame.rs`), so no number of gaps or poison messages can fill the consumer's
+//! ack-pending window. A batch that fails on what one of its messages holds is applied again message
+//! by message, so the one bad message is parked alone and the others go through.
 
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 
-use crate::apply::ApplyError;
+use crate::blame::{Blame, blame, retry_delay};
 use crate::consumer::BrokerError;
 use crate::decode::{Poison, RawMessage};
 use crate::metrics;
@@ -205,6 +206,17 @@ impl<P: Projection> Runner<P> {
         let verdicts: Vec<Option<Verdict>> = match self.apply_partition_batch(partition, &raw).await
         {
             Ok(verdicts) => verdicts.into_iter().map(Some).collect(),
+            Err(error) if blame(&error) == Blame::Database => {
+                // Not the messages' fault: none of them is parked for it, all are delivered again.
+                tracing::warn!(
+                    projection = P::NAME,
+                    error = %ops::error_chain(&error),
+                    messages = batch.len(),
+                    first_sequence = raw.first().map(|m| m.stream_sequence),
+                    "the database failed the batch; its messages are retried"
+                );
+                vec![None; raw.len()]
+            }
             Err(error) => {
                 // Nothing was committed. One message may be to blame: apply them one by one, so
                 // the others go through and the culprit alone is parked.
@@ -227,12 +239,19 @@ impl<P: Projection> Runner<P> {
             tracing::warn!("fail point: aborting after the commit, before acking");
             std::process::abort();
         }
+        let retried = verdicts.iter().filter(|v| v.is_none()).count() as u64;
+        if retried > 0 {
+            metrics::record_retried(P::NAME, retried);
+        }
         for (message, verdict) in batch.iter().zip(&verdicts) {
             let kind = match verdict {
                 Some(Verdict::Applied | Verdict::Duplicate | Verdict::Held) => AckKind::Ack,
                 Some(Verdict::Parked) => AckKind::Term,
-                // Neither applied nor parked (the database is failing): try again shortly.
-                None => AckKind::Nak(Some(Duration::from_secs(1))),
+                // Neither applied nor parked (the database is failing): again after a delay that
+                // grows with each delivery.
+                None => AckKind::Nak(Some(retry_delay(
+                    message.info().map_or(1, |info| info.delivered),
+                ))),
             };
             if let Err(error) = message.ack_with(kind).await {
                 // A lost ack means a redelivery, which the checkpoint absorbs.
@@ -245,9 +264,9 @@ impl<P: Projection> Runner<P> {
         tally
     }
 
-    /// Applies one message on its own. A message that fails twice while the database answers is
-    /// parked with the error as its reason (a transient failure rarely repeats); if even parking fails,
-    /// `None`: the broker redelivers it later.
+    /// Applies one message on its own. A message that fails twice on what it holds is parked with the
+    /// error as its reason; one the database fails (see `blame.rs`), or that cannot even be parked,
+    /// is `None`: the broker delivers it again later.
     async fn apply_alone(&self, partition: u32, message: &RawMessage) -> Option<Verdict> {
         let mut last_error = String::new();
         for attempt in 0..2 {
@@ -256,13 +275,13 @@ impl<P: Projection> Runner<P> {
                 .await
             {
                 Ok(verdicts) => return verdicts.first().copied(),
-                Err(error) if unreachable_database(&error) => {
+                Err(error) if blame(&error) == Blame::Database => {
                     // Not the message's fault: it must not be parked for it. The broker redelivers.
                     tracing::warn!(
                         projection = P::NAME,
                         stream_sequence = message.stream_sequence,
                         error = %ops::error_chain(&error),
-                        "the database is unreachable; leaving the message to the broker"
+                        "the database failed; leaving the message to the broker"
                     );
                     return None;
                 }
@@ -320,22 +339,6 @@ async fn collect<M, E>(
     batch
 }
 
-/// True when the database could not be reached at all (connection, pool, protocol), as opposed to a
-/// statement it refused: only the latter can be a message's fault.
-fn unreachable_database(error: &ApplyError) -> bool {
-    crate::runner::sqlx_causes(error).any(|cause| {
-        matches!(
-            cause,
-            sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::Protocol(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed
-        )
-    })
-}
-
 fn raw_message(message: &jetstream::Message) -> RawMessage {
     RawMessage {
         stream_sequence: message.info().map(|i| i.stream_sequence).unwrap_or(0),
@@ -386,21 +389,5 @@ mod tests {
             vec![7],
             "the end of the stream ends the batch at once"
         );
-    }
-
-    #[test]
-    fn only_an_unreachable_database_spares_the_message() {
-        let closed = ApplyError::Begin(sqlx::Error::PoolClosed);
-        assert!(unreachable_database(&closed));
-        let parking = ApplyError::from(crate::park::ParkError::from(sqlx::Error::Io(
-            std::io::ErrorKind::ConnectionReset.into(),
-        )));
-        assert!(unreachable_database(&parking), "found below two layers");
-        let refused = ApplyError::Project {
-            projection: "test",
-            events: 1,
-            source: sqlx::Error::RowNotFound,
-        };
-        assert!(!unreachable_database(&refused));
     }
 }

@@ -65,7 +65,7 @@ impl Problem {
 
     /// 503: the projection's database failed; logged with the error and its causes, which the client
     /// does not see.
-    pub fn unavailable(what: &str, error: &dyn std::error::Error) -> Self {
+    pub fn unavailable(what: &str, error: &(dyn std::error::Error + 'static)) -> Self {
         tracing::error!(error = %ops::error_chain(error), what, "read API failed");
         Self {
             status: StatusCode::SERVICE_UNAVAILABLE,

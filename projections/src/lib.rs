@@ -2,7 +2,9 @@
 //! own schema and durable JetStream consumer, built on one shared consumer runner that applies every
 //! event exactly once in effect and in per-aggregate order.
 
+pub mod accounts;
 mod apply;
+mod blame;
 pub mod checkpoint;
 pub mod cli;
 mod consume;

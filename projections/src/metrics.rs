@@ -64,6 +64,10 @@ pub fn describe() {
         "Messages of other partitions, read by this partition's consumer and acknowledged without being applied."
     );
     describe_counter!(
+        "waybill_projection_retried_total",
+        "Deliveries the database failed on (connection lost, serialization failure, timeout, no resources, missing privilege): left unacknowledged and delivered again after a growing delay, never parked."
+    );
+    describe_counter!(
         "waybill_projection_batch_conflicts_total",
         "Batches rolled back by a deadlock or serialization failure with another partition's batch, and run again."
     );
@@ -81,6 +85,11 @@ pub fn record_owned(projection: &'static str, partitions: &crate::partition::Par
 pub fn record_skipped(projection: &'static str, partition: String, skipped: u64) {
     counter!("waybill_projection_partition_skipped_total", "projection" => projection, "partition" => partition)
         .increment(skipped);
+}
+
+/// Counts deliveries left to the broker because the database failed on them.
+pub fn record_retried(projection: &'static str, messages: u64) {
+    counter!("waybill_projection_retried_total", "projection" => projection).increment(messages);
 }
 
 /// Counts a batch run again after a conflict.

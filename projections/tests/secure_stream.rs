@@ -8,7 +8,7 @@ use common::{PREFIX, STREAM, stock_of};
 use relay::{Relay, RelayConfig, StreamSettings};
 use sqlx::PgPool;
 use store::EventStore;
-use testkit::secure_nats::{INVENTORY_PASSWORD, RELAY_PASSWORD, SecureNats};
+use testkit::secure_nats::{INVENTORY_PASSWORD, POINTS_PASSWORD, RELAY_PASSWORD, SecureNats};
 
 fn inventory(
     url: &str,
@@ -92,4 +92,118 @@ async fn the_pipeline_runs_over_tls_with_a_user_per_process(pool: PgPool) {
     let printed = String::from_utf8_lossy(&help.stdout).into_owned();
     assert!(printed.contains("--nats-ca"), "{printed}");
     assert!(!printed.contains(INVENTORY_PASSWORD), "{printed}");
+}
+
+/// Publishes an order through the relay as user `relay` on `secure`, returning its id.
+async fn relay_an_order(pool: &PgPool, secure: &SecureNats, lines: &[&str]) {
+    let url = testkit::database_url(pool).await;
+    let store = EventStore::new(pool.clone());
+    testkit::place_order(&store, "alice", lines).await;
+    let relay_nats = ops::NatsConnection {
+        ca: Some(secure.ca.clone()),
+        ..ops::NatsConnection::from(secure.url_for("relay", RELAY_PASSWORD))
+    };
+    let config = RelayConfig {
+        stream: StreamSettings {
+            name: STREAM.into(),
+            subject_prefix: PREFIX.into(),
+            ..StreamSettings::default()
+        },
+        ..RelayConfig::default()
+    };
+    let relay = Relay::connect(&url, relay_nats, config)
+        .await
+        .expect("relay over TLS");
+    relay.provision(false).await.expect("provision");
+    relay.drain().await.expect("drain");
+}
+
+/// The shipped accounts let a projection's user run each partition of a partitioned layout, and
+/// refuse what is beyond them — another projection's consumers, a layout past the generated maximum
+/// — with an error that names the refused subject instead of "timed out".
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn partitions_run_under_the_shipped_accounts_and_a_refusal_names_its_subject(pool: PgPool) {
+    let secure = SecureNats::start(STREAM, PREFIX);
+    let url = testkit::database_url(&pool).await;
+    for n in 0..6 {
+        relay_an_order(&pool, &secure, &[&format!("SKU{n}:1:100")]).await;
+    }
+    let as_inventory = secure.url_for("inventory", INVENTORY_PASSWORD);
+    for k in ["0", "1"] {
+        let output = inventory(
+            &url,
+            &as_inventory,
+            &secure.ca,
+            &[
+                "--json",
+                "run",
+                "--once",
+                "--partitions",
+                "2",
+                "--partition",
+                k,
+            ],
+        )
+        .output()
+        .await
+        .expect("waybill-inventory runs");
+        assert!(
+            output.status.success(),
+            "partition {k}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM inventory.checkpoints")
+        .fetch_one(&pool)
+        .await
+        .expect("checkpoints");
+    assert_eq!(applied, 6, "both partitions together applied every order");
+
+    // Past the generated maximum, and another projection's user: refused, and said so.
+    let beyond = projections::accounts::SHIPPED_MAX_PARTITIONS + 1;
+    let beyond = beyond.to_string();
+    let as_points = secure.url_for("points", POINTS_PASSWORD);
+    let cases = [
+        (
+            &as_inventory,
+            vec![
+                "run",
+                "--once",
+                "--partitions",
+                beyond.as_str(),
+                "--partition",
+                "0",
+            ],
+            format!("$JS.API.CONSUMER.INFO.{STREAM}.inventory-p0of{beyond}"),
+        ),
+        (
+            &as_points,
+            vec!["run", "--once"],
+            format!("$JS.API.CONSUMER.INFO.{STREAM}.inventory"),
+        ),
+    ];
+    for (nats_url, args, subject) in cases {
+        for json in [false, true] {
+            let mut args = args.clone();
+            if json {
+                args.insert(0, "--json");
+            }
+            let output = inventory(&url, nats_url, &secure.ca, &args)
+                .output()
+                .await
+                .expect("runs");
+            let printed = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert_eq!(output.status.code(), Some(1), "{args:?}: {printed}");
+            let said = format!("permission denied by the NATS server: publish to {subject}");
+            assert!(
+                printed.contains(&said),
+                "{args:?} should say {said:?}:\n{printed}"
+            );
+        }
+    }
 }

@@ -197,7 +197,7 @@ fn retention(text: &str) -> Result<Retention, String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     ops::init_logging("info,sqlx=warn,async_nats=warn");
-    let cli = Cli::parse();
+    let cli: Cli = ops::command_line::parse();
     let json = cli.json;
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,6 +12,8 @@ use crate::NatsServer;
 pub const RELAY_PASSWORD: &str = "relay-Secret-1";
 /// The inventory user's password in [`SecureNats`].
 pub const INVENTORY_PASSWORD: &str = "inventory-Secret-2";
+/// The points user's password in [`SecureNats`].
+pub const POINTS_PASSWORD: &str = "points-pw";
 
 /// The running server, its CA and its folder (removed on drop).
 #[derive(Debug)]
@@ -45,7 +47,10 @@ impl SecureNats {
                 "$WAYBILL_INVENTORY_PASSWORD",
                 &format!("\"{INVENTORY_PASSWORD}\""),
             )
-            .replace("$WAYBILL_POINTS_PASSWORD", "\"points-pw\"")
+            .replace(
+                "$WAYBILL_POINTS_PASSWORD",
+                &format!("\"{POINTS_PASSWORD}\""),
+            )
             .replace("$WAYBILL_SEARCH_PASSWORD", "\"search-pw\"")
             .replace("$WAYBILL_ADMIN_PASSWORD", "\"admin-pw\"");
         let config = format!(

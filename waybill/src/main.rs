@@ -9,7 +9,6 @@ mod orders;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
 use store::EventStore;
 
 use crate::cli::{Cli, Command, OrderCommand};
@@ -51,7 +50,7 @@ fn lab(database_url: &str, command: &str, mut args: Vec<String>, json: bool) -> 
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = ops::command_line::parse();
     // Long-running services say what they do; one-shot commands only warn.
     ops::init_logging(match cli.command {
         Command::Serve(_) => "info,sqlx=warn",
