@@ -3,12 +3,15 @@
 //! event exactly once in effect and in per-aggregate order.
 
 mod apply;
+mod catch_up;
 pub mod checkpoint;
 pub mod cli;
 mod consume;
 mod consumer;
 pub mod decode;
+mod handover;
 pub mod held;
+mod history;
 pub mod http;
 pub mod inventory;
 pub mod metrics;
@@ -24,10 +27,13 @@ pub mod schema;
 pub mod search;
 
 pub use apply::ApplyError;
+pub use catch_up::StartError;
 pub use consume::RunError;
-pub use consumer::BrokerError;
+pub use consumer::{BrokerError, ConsumerDifference};
 pub use decode::{Decoded, Poison, RawMessage};
+pub use handover::HandoverError;
 pub use held::HeldError;
+pub use history::HistoryError;
 pub use inventory::Inventory;
 pub use park::{ParkError, ParkedError, RedriveRequest};
 pub use partition::{PartitionError, Partitions};
