@@ -9,6 +9,7 @@ pub mod cli;
 mod consume;
 mod consumer;
 pub mod decode;
+mod discards;
 mod handover;
 pub mod held;
 mod history;

@@ -1,9 +1,10 @@
 //! Rebuilds, blue/green: the new state is built in its own schema (`<name>_next`) by its own consumer
 //! (`<name>_rebuild`), started as every new consumer is (`catch_up.rs`): from the event store's
 //! history, then the stream after it. Readers keep the old state meanwhile. Once it has caught up,
-//! one transaction puts the new state in the old one's place and records where the live consumers
-//! must continue — every partition's (`<name>-p<K>of<P>`, all P of them whichever this instance
-//! owns), since the rebuilt state holds every partition's orders. Only after that commit are the consumers moved (`handover.rs`); a move
+//! one transaction carries the operators' decisions over (`discards.rs`), puts the new state in the
+//! old one's place and records where the live consumers must continue — every partition's
+//! (`<name>-p<K>of<P>`, all P of them whichever this instance owns), since the rebuilt state holds
+//! every partition's orders. Only after that commit are the consumers moved (`handover.rs`); a move
 //! that a crash or a JetStream error interrupts is completed by the next `run`. A rebuild that fails
 //! before the commit leaves the old state and consumers untouched; the next rebuild starts afresh.
 
@@ -40,8 +41,8 @@ pub enum RebuildError {
         #[source]
         source: RunError,
     },
-    /// The swap's transaction could not start, take the projection's turn or record the handover;
-    /// nothing changed.
+    /// The swap's transaction could not start, take the projection's turn, carry the operators'
+    /// decisions over or record the handover; nothing changed.
     #[error("swapping the rebuilt state in")]
     Swap(#[source] sqlx::Error),
     /// The swap did not commit; nothing changed.
@@ -125,12 +126,26 @@ impl<P: Projection> Runner<P> {
             return Err(RebuildError::FailPoint);
         }
 
+        // A live schema of an older layout has no operator log or discards in today's shape to keep.
+        let carry = schema::check_layout(&self.pool, P::NAME).await.is_ok();
         let consumers: Vec<String> = (0..self.config.partitions.count())
             .map(|partition| self.partition_consumer(partition))
             .collect();
         let mut tx = self.pool.begin().await.map_err(RebuildError::Swap)?;
         // Live batches wait for the swap; one already under way finishes on the old state first.
         self.lock(&mut tx).await.map_err(RebuildError::Swap)?;
+        if carry {
+            let carried = crate::discards::carry_over(&mut tx, P::NAME, &next_schema)
+                .await
+                .map_err(RebuildError::Swap)?;
+            tracing::info!(
+                projection = P::NAME,
+                log_entries = carried.log_entries,
+                discards_honoured = carried.honoured,
+                discards_kept = carried.kept,
+                "carried the operators' decisions over"
+            );
+        }
         schema::replace(&mut tx, &next_schema, P::NAME).await?;
         handover::record(&mut tx, P::NAME, &consumers, consumed_through + 1)
             .await

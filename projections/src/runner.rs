@@ -3,7 +3,7 @@
 //! the message loop in `consume.rs`, where consumers start (the catch-up from the event store) in
 //! `catch_up.rs` and `history.rs`, the checkpoint verdict in `checkpoint.rs` and `plan.rs`, parking
 //! in `park.rs`, the held table in `held.rs`, blue/green rebuilds in `rebuild.rs` with their
-//! handover in `handover.rs`.
+//! handover in `handover.rs` and the operator's decisions they keep in `discards.rs`.
 //!
 //! Exactly once in effect: a version at or below the checkpoint is a duplicate (acked, not applied);
 //! the next version is applied and moves the checkpoint in the same transaction; a later version is
