@@ -287,7 +287,13 @@ impl<P: Projection> Runner<P> {
         why_not: String,
     ) -> Result<Tally, StartError> {
         let deleted = state.deleted_count.unwrap_or(0);
-        let gap = if state.first_sequence > 1 {
+        // A consumer behind the stream needs exactly what the stream no longer has.
+        let gap = if let Some((needed, first)) = starts.iter().find_map(|s| s.behind) {
+            Some(format!(
+                "it removed sequences {needed} to {} before they were settled",
+                first - 1
+            ))
+        } else if state.first_sequence > 1 {
             Some(format!(
                 "its first messages are gone (it starts at sequence {})",
                 state.first_sequence
@@ -297,17 +303,7 @@ impl<P: Projection> Runner<P> {
         } else {
             None
         };
-        let behind: Vec<&Start> = starts.iter().filter(|s| s.behind.is_some()).collect();
-        if let Some(gap) = gap.or_else(|| {
-            behind.first().and_then(|start| {
-                start.behind.map(|(needed, first)| {
-                    format!(
-                        "it removed sequences {needed} to {} before they were settled",
-                        first - 1
-                    )
-                })
-            })
-        }) {
+        if let Some(gap) = gap {
             return Err(StartError::NoHistory {
                 consumers: starts.iter().map(|s| s.consumer.clone()).collect(),
                 why: why_not,

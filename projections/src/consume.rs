@@ -62,7 +62,10 @@ impl<P: Projection> Runner<P> {
         let caught_up = match started {
             Ok(tally) => tally,
             Err(error) if !once && error.is_retryable() => {
-                tracing::warn!(error = %ops::error_chain(&error), "starting the consumers failed; retrying");
+                tracing::warn!(
+                    error = %ops::error_chain(&error),
+                    "starting the consumers failed; each partition's loop retries"
+                );
                 Tally::default()
             }
             Err(error) => return Err(error.into()),

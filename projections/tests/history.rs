@@ -372,13 +372,25 @@ async fn without_the_events_table_a_purged_stream_is_refused_and_nothing_changes
     let stream = h.jetstream.get_stream(STREAM).await.expect("stream");
     assert!(stream.consumer_info("points").await.is_err(), "no consumer");
 
+    // Nor can a consumer the stream left behind go on: what it missed is only in the store.
+    seed(&store, 8, 2).await;
+    drain(&h).await;
+    let mut stream = h.jetstream.get_stream(STREAM).await.expect("stream");
+    let last = stream.info().await.expect("info").state.last_sequence;
+    purge_below(&h, last).await;
+    let (code, out) = run_json_on(&h, &url, INVENTORY, &["--json", "run", "--once"]).await;
+    assert_eq!(code, 1, "{out}");
+    let message = out["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("before they were settled"), "{message}");
+    assert_eq!(stock(&h.url).await, expected, "still the state it had");
+
     // With the grant (`waybill roles create` gives it), the same rebuild catches up from the store.
     let grant = format!("GRANT SELECT ON events TO {login}");
     sqlx::query(sqlx::AssertSqlSafe(grant))
         .execute(&pool)
         .await
         .expect("grant");
-    seed(&store, 8, 1).await;
+    seed(&store, 10, 1).await;
     drain(&h).await;
     let (code, out) = run_json_on(&h, &url, INVENTORY, &["--json", "rebuild"]).await;
     assert_eq!(code, 0, "{out}");
