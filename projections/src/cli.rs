@@ -111,6 +111,20 @@ pub struct Connection {
     )]
     pub partitions: u32,
 
+    /// The event store's database, whose `events` table a consumer that starts (the first run, a
+    /// rebuild, a consumer the stream's retention left behind) catches up from before the stream
+    /// takes over (default: --database-url). The projection's role needs SELECT on it (`waybill
+    /// roles create`); without it, history comes from the stream, which must still hold its first
+    /// message. Prefer the environment variable: flags show up in `ps`.
+    #[arg(
+        long,
+        env = "WAYBILL_EVENTS_URL",
+        value_name = "URL",
+        hide_env_values = true,
+        global = true
+    )]
+    pub events_url: Option<String>,
+
     /// The partitions this instance applies, 0 to P-1; repeatable, or comma-separated (default:
     /// all). Give each partition to one instance; see docs/scale-out.md.
     #[arg(
@@ -147,12 +161,23 @@ fn max_version(text: &str) -> Result<(String, i32), String> {
 pub enum Common {
     /// Consume until SIGTERM/Ctrl-C (or, with --once, until nothing more can be applied).
     Run(RunArgs),
-    /// Build the state anew from the start of the stream beside the live one, then swap it in.
+    /// Build the state anew beside the live one — from the event store's history, then the stream
+    /// after it — then swap it in and move the live consumers behind it. Refused, changing nothing,
+    /// when neither the event store (no SELECT on events) nor the stream (first messages gone)
+    /// holds the whole history.
     Rebuild {
         /// Testing only: fail after building, before the swap.
         #[cfg(feature = "fault-injection")]
         #[arg(long, hide = true)]
         fail_before_swap: bool,
+        /// Testing only: abort the process after the swap commits, before moving any consumer.
+        #[cfg(feature = "fault-injection")]
+        #[arg(long, hide = true)]
+        crash_after_swap: bool,
+        /// Testing only: abort the process after moving the first live consumer behind the swap.
+        #[cfg(feature = "fault-injection")]
+        #[arg(long, hide = true)]
+        crash_after_first_consumer_moved: bool,
     },
     /// Re-apply parked messages (after an upgrade taught the code their shape); reports why each one
     /// that is still parked failed again. Recorded in the operator log.
@@ -304,6 +329,7 @@ impl Connection {
             ack_wait: self.ack_wait.into(),
             max_versions: self.max_versions.clone(),
             partitions,
+            events_url: self.events_url.clone(),
             ..RunnerConfig::default()
         })
     }
@@ -326,7 +352,16 @@ pub async fn run_common<P: Projection>(
         }
         Common::Rebuild {
             fail_before_swap: true,
+            ..
         } => config.fail_point = crate::runner::FailPoint::FailBeforeSwap,
+        Common::Rebuild {
+            crash_after_swap: true,
+            ..
+        } => config.fail_point = crate::runner::FailPoint::AbortAfterSwap,
+        Common::Rebuild {
+            crash_after_first_consumer_moved: true,
+            ..
+        } => config.fail_point = crate::runner::FailPoint::AbortAfterFirstConsumerMoved,
         _ => {}
     }
     #[cfg(feature = "fault-injection")]
@@ -398,7 +433,7 @@ pub async fn run_common<P: Projection>(
             print_summary(&runner, "consumed", &tally, json_output).await?;
         }
         Common::Rebuild { .. } => {
-            let total = runner.stream_messages().await.unwrap_or(0);
+            let total = runner.history_size().await;
             let bar =
                 indicatif::ProgressBar::new(total).with_message(format!("rebuilding {}", P::NAME));
             bar.set_style(
@@ -647,9 +682,14 @@ async fn print_summary<P: Projection>(
         println!("{summary}");
     } else {
         println!(
-            "{}: {verb} {} messages: applied={} duplicates={} held={} parked={}{}",
+            "{}: {verb} {} messages{}: applied={} duplicates={} held={} parked={}{}",
             P::NAME,
             tally.messages,
+            if tally.from_store > 0 {
+                format!(" ({} from the event store)", tally.from_store)
+            } else {
+                String::new()
+            },
             tally.applied,
             tally.duplicates,
             tally.held,

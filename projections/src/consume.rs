@@ -29,6 +29,10 @@ pub enum RunError {
     /// The stream or the consumer is unavailable (with `--once`; otherwise the run retries).
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    /// A consumer could not start: no whole history to start from, an unusable existing consumer,
+    /// or (with `--once`) a failure that may pass.
+    #[error(transparent)]
+    Start(#[from] crate::catch_up::StartError),
 }
 
 /// With `--once`: how long the database may keep failing (nothing settled) before the run gives up
@@ -47,14 +51,33 @@ impl<P: Projection> Runner<P> {
     ) -> Result<Tally, RunError> {
         metrics::describe();
         crate::schema::check_layout(&self.pool, &self.schema).await?;
+        let mut progress = progress;
+        tokio::pin!(shutdown);
+        // Consumers that are missing or behind the stream start from the event store first, all
+        // owned partitions in one pass over it (`catch_up.rs`); a failure that may pass is left to
+        // each partition's loop, which retries.
+        let started = tokio::select! {
+            started = self.prepare(self.config.partitions.owned(), &mut progress) => started,
+            () = &mut shutdown => return Ok(Tally::default()),
+        };
+        let caught_up = match started {
+            Ok(tally) => tally,
+            Err(error) if !once && error.is_retryable() => {
+                tracing::warn!(
+                    error = %ops::error_chain(&error),
+                    "starting the consumers failed; each partition's loop retries"
+                );
+                Tally::default()
+            }
+            Err(error) => return Err(error.into()),
+        };
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let shared = std::sync::Mutex::new((Tally::default(), progress));
+        let shared = std::sync::Mutex::new((caught_up, progress));
         let mut loops = Box::pin(futures::future::try_join_all(
             self.config.partitions.owned().iter().map(|&partition| {
                 self.consume_partition(partition, stopped.clone(), once, &shared)
             }),
         ));
-        tokio::pin!(shutdown);
         let finished = tokio::select! {
             finished = &mut loops => finished,
             () = &mut shutdown => {
@@ -82,10 +105,11 @@ impl<P: Projection> Runner<P> {
         let consumer_name = self.partition_consumer(partition);
         // When a batch last settled anything: only a failing database settles nothing.
         let mut last_progress = Instant::now();
+        let mut last_check = Instant::now();
         'connect: loop {
-            let consumer = match self.consumer_of(&consumer_name).await {
+            let consumer = match self.partition_consumer_ready(partition).await {
                 Ok(consumer) => consumer,
-                Err(error) if !once => {
+                Err(error) if !once && error.is_retryable() => {
                     tracing::warn!(
                         error = %ops::error_chain(&error),
                         consumer = %consumer_name,
@@ -108,6 +132,13 @@ impl<P: Projection> Runner<P> {
                     source,
                 })?;
             loop {
+                // A rebuild's handover, or messages the stream removed before they were settled.
+                if last_check.elapsed() >= crate::catch_up::RECHECK_EVERY {
+                    last_check = Instant::now();
+                    if self.needs_restart(partition).await {
+                        continue 'connect;
+                    }
+                }
                 let first = tokio::select! {
                     _ = stopped.changed() => return Ok(()),
                     next = tokio::time::timeout(Duration::from_secs(1), messages.next()) => next,
@@ -267,7 +298,11 @@ impl<P: Projection> Runner<P> {
     /// Applies one message on its own. A message that fails twice on what it holds is parked with the
     /// error as its reason; one the database fails (see `blame.rs`), or that cannot even be parked,
     /// is `None`: the broker delivers it again later.
-    async fn apply_alone(&self, partition: u32, message: &RawMessage) -> Option<Verdict> {
+    pub(crate) async fn apply_alone(
+        &self,
+        partition: u32,
+        message: &RawMessage,
+    ) -> Option<Verdict> {
         let mut last_error = String::new();
         for attempt in 0..2 {
             match self

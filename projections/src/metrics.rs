@@ -71,6 +71,32 @@ pub fn describe() {
         "waybill_projection_batch_conflicts_total",
         "Batches rolled back by a deadlock or serialization failure with another partition's batch, and run again."
     );
+    describe_counter!(
+        "waybill_projection_catch_ups_total",
+        "Catch-ups from the event store's events table (label reason=\"missing_consumer\": a first start or a rebuild; \"behind_stream\": the stream removed messages a consumer had not settled)."
+    );
+    describe_counter!(
+        "waybill_projection_catch_up_events_total",
+        "Events read from the event store's events table by catch-ups."
+    );
+    describe_gauge!(
+        "waybill_projection_catch_up_remaining_events",
+        "Events a running catch-up has still to read, about (positions left; 0 when none runs)."
+    );
+}
+
+/// Counts a catch-up from the event store as it starts.
+pub fn record_catch_up_started(projection: &'static str, reason: &'static str) {
+    counter!("waybill_projection_catch_ups_total", "projection" => projection, "reason" => reason)
+        .increment(1);
+}
+
+/// Counts a page of a catch-up: `read` events read, about `remaining` left.
+pub fn record_catch_up(projection: &'static str, read: u64, remaining: u64) {
+    counter!("waybill_projection_catch_up_events_total", "projection" => projection)
+        .increment(read);
+    gauge!("waybill_projection_catch_up_remaining_events", "projection" => projection)
+        .set(remaining as f64);
 }
 
 /// Names the partitions this instance applies.

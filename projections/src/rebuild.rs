@@ -1,24 +1,26 @@
-//! Rebuilds, blue/green: the new state is built from the start of the stream in its own schema
-//! (`<name>_next`) by its own consumer (`<name>_rebuild`), while readers keep the old state. Once it
-//! has caught up, one transaction puts it in the old one's place, and the live consumer is recreated to
-//! continue right after the last message the rebuild consumed — with several partitions, every
-//! partition's consumer (`<name>-p<K>of<P>`, all P of them whichever this instance owns), since the
-//! rebuilt state holds every partition's orders. A rebuild that fails or is stopped
-//! leaves the old state and consumer untouched; the next rebuild starts afresh.
+//! Rebuilds, blue/green: the new state is built in its own schema (`<name>_next`) by its own consumer
+//! (`<name>_rebuild`), started as every new consumer is (`catch_up.rs`): from the event store's
+//! history, then the stream after it. Readers keep the old state meanwhile. Once it has caught up,
+//! one transaction carries the operators' decisions over (`discards.rs`), puts the new state in the
+//! old one's place and records where the live consumers must continue — every partition's
+//! (`<name>-p<K>of<P>`, all P of them whichever this instance owns), since the rebuilt state holds
+//! every partition's orders. Only after that commit are the consumers moved (`handover.rs`); a move
+//! that a crash or a JetStream error interrupts is completed by the next `run`. A rebuild that fails
+//! before the commit leaves the old state and consumers untouched; the next rebuild starts afresh.
 
 use std::sync::Arc;
 
 use async_nats::jetstream::consumer::DeliverPolicy;
-use async_nats::jetstream::stream::ConsumerError;
 
 use crate::consume::RunError;
 use crate::consumer::BrokerError;
+use crate::handover::{self, HandoverError};
 use crate::projection::Projection;
 use crate::runner::{Runner, Tally};
 use crate::schema::{self, SchemaError};
 
-/// Why a rebuild or a reset failed. A failed rebuild leaves the old state and consumer in place (but
-/// see [`RebuildError::CommitSwap`]).
+/// Why a rebuild or a reset failed. A failed rebuild leaves the old state and consumers in place (but
+/// see [`RebuildError::Handover`]).
 #[derive(Debug, thiserror::Error)]
 pub enum RebuildError {
     /// A schema could not be dropped, created or swapped.
@@ -30,34 +32,29 @@ pub enum RebuildError {
     /// No connection to drop what an earlier rebuild left.
     #[error("clearing the leftovers of an earlier rebuild")]
     Leftovers(#[source] sqlx::Error),
-    /// Consuming the stream into the new state failed.
-    #[error("building the new state in schema {schema}")]
+    /// Building the new state failed, or there was no whole history to build it from; the old state
+    /// and its consumers are untouched.
+    #[error("building the new state in schema {schema}; the live state is unchanged")]
     Build {
         /// The new state's schema.
         schema: String,
         #[source]
         source: RunError,
     },
-    /// The swap's transaction could not start or take the projection's turn.
+    /// The swap's transaction could not start, take the projection's turn, carry the operators'
+    /// decisions over or record the handover; nothing changed.
     #[error("swapping the rebuilt state in")]
     Swap(#[source] sqlx::Error),
-    /// The live consumer could not be recreated behind the rebuilt state.
-    #[error(
-        "recreating consumer {consumer} from stream sequence {start_sequence}; the old state stays \
-         (rerun `rebuild`)"
-    )]
-    RecreateConsumer {
-        /// The live consumer.
-        consumer: String,
-        /// Where it was to start.
-        start_sequence: u64,
-        #[source]
-        source: ConsumerError,
-    },
-    /// The swap did not commit after the live consumer had moved: events in between are missing
-    /// from the old state until the next rebuild.
-    #[error("committing the swap; run `rebuild` again")]
+    /// The swap did not commit; nothing changed.
+    #[error("committing the swap; the live state is unchanged")]
     CommitSwap(#[source] sqlx::Error),
+    /// The rebuilt state is in place, but moving the live consumers behind it failed: `run` (at its
+    /// start, or within seconds if it runs) completes the move.
+    #[error(
+        "the rebuilt state is in place, but moving the live consumers behind it failed; every \
+         `run` of the projection completes the move (at its start, or within seconds if running)"
+    )]
+    Handover(#[source] HandoverError),
     /// The fail point stopped the rebuild before the swap.
     #[cfg(feature = "fault-injection")]
     #[error("fail point: the rebuild stops before the swap")]
@@ -101,6 +98,8 @@ impl<P: Projection> Runner<P> {
             consumer = %next_consumer,
             "rebuilding beside the live state"
         );
+        // A missing consumer starts from the event store's history (or refuses to start when neither
+        // the store nor the stream holds all of it), then the stream after it, to the end.
         let tally = builder
             .run(std::future::pending(), true, progress)
             .await
@@ -108,83 +107,72 @@ impl<P: Projection> Runner<P> {
                 schema: next_schema.clone(),
                 source,
             })?;
-        let mut consumer = self.existing_consumer(&next_consumer).await?;
-        let info = consumer
-            .info()
-            .await
-            .map_err(|source| BrokerError::ConsumerInfo {
+        let info = builder
+            .consumer_info(&next_consumer)
+            .await?
+            .ok_or_else(|| BrokerError::ConsumerGone {
                 consumer: next_consumer.clone(),
-                source,
             })?;
-        // Everything up to the ack floor is in the new state; the live consumer continues after it.
-        let consumed_through = info.ack_floor.stream_sequence;
+        // The new state holds everything up to where its consumer started (the catch-up's handover)
+        // and everything acknowledged since; the ack floor stays 0 until a new consumer's first ack.
+        let started_after = match info.config.deliver_policy {
+            DeliverPolicy::ByStartSequence { start_sequence } => start_sequence.saturating_sub(1),
+            _ => 0,
+        };
+        let consumed_through = info.ack_floor.stream_sequence.max(started_after);
         builder.pool.close().await;
         #[cfg(feature = "fault-injection")]
         if self.config.fail_point == crate::runner::FailPoint::FailBeforeSwap {
             return Err(RebuildError::FailPoint);
         }
 
+        // A live schema of an older layout has no operator log or discards in today's shape to keep.
+        let carry = schema::check_layout(&self.pool, P::NAME).await.is_ok();
+        let consumers: Vec<String> = (0..self.config.partitions.count())
+            .map(|partition| self.partition_consumer(partition))
+            .collect();
         let mut tx = self.pool.begin().await.map_err(RebuildError::Swap)?;
         // Live batches wait for the swap; one already under way finishes on the old state first.
         self.lock(&mut tx).await.map_err(RebuildError::Swap)?;
-        schema::replace(&mut tx, &next_schema, P::NAME).await?;
-        let stream = self.stream().await?;
-        for partition in 0..self.config.partitions.count() {
-            let name = self.partition_consumer(partition);
-            let config = self.consumer_config(
-                &name,
-                DeliverPolicy::ByStartSequence {
-                    start_sequence: consumed_through + 1,
-                },
-            );
-            // A live `run` whose consumer just vanished recreates it (from the stream's start) as
-            // soon as it notices: if it wins the race, delete its consumer and try again.
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                self.delete_consumer(&name).await?;
-                match stream.create_consumer(config.clone()).await {
-                    Ok(_) => break,
-                    Err(error) if attempt < 3 => {
-                        tracing::warn!(
-                            error = %ops::error_chain(&error),
-                            attempt,
-                            consumer = %name,
-                            "recreating the live consumer failed; retrying"
-                        );
-                    }
-                    Err(source) => {
-                        return Err(RebuildError::RecreateConsumer {
-                            consumer: name,
-                            start_sequence: consumed_through + 1,
-                            source,
-                        });
-                    }
-                }
-            }
-        }
-        if let Err(error) = tx.commit().await {
-            // The consumer now starts after the rebuild, but the old state stayed: events in between
-            // would be missing. Say so loudly; a second rebuild repairs it.
-            tracing::error!(
-                error = %ops::error_chain(&error),
+        if carry {
+            let carried = crate::discards::carry_over(&mut tx, P::NAME, &next_schema)
+                .await
+                .map_err(RebuildError::Swap)?;
+            tracing::info!(
                 projection = P::NAME,
-                "the swap did not commit after the consumer moved; run `rebuild` again"
+                log_entries = carried.log_entries,
+                discards_honoured = carried.honoured,
+                discards_kept = carried.kept,
+                "carried the operators' decisions over"
             );
-            return Err(RebuildError::CommitSwap(error));
         }
-        self.delete_consumer(&next_consumer).await?;
+        schema::replace(&mut tx, &next_schema, P::NAME).await?;
+        handover::record(&mut tx, P::NAME, &consumers, consumed_through + 1)
+            .await
+            .map_err(RebuildError::Swap)?;
+        // Nothing has moved on the broker yet: a failed commit changes nothing.
+        tx.commit().await.map_err(RebuildError::CommitSwap)?;
+        #[cfg(feature = "fault-injection")]
+        if self.config.fail_point == crate::runner::FailPoint::AbortAfterSwap {
+            tracing::warn!("fail point: aborting after the swap, before moving any consumer");
+            std::process::abort();
+        }
         tracing::info!(
             projection = P::NAME,
             consumed_through,
             applied = tally.applied,
-            "rebuilt state swapped in"
+            from_store = tally.from_store,
+            "rebuilt state swapped in; moving the live consumers behind it"
         );
+        self.complete_handovers()
+            .await
+            .map_err(RebuildError::Handover)?;
+        self.delete_consumer(&next_consumer).await?;
         Ok(tally)
     }
 
     /// Wipes the projection's state (its schema recreated empty) and deletes its consumer, so the next
-    /// run starts from the beginning of the stream. Readers see an empty model meanwhile: `rebuild`
+    /// run starts as a first one (from the event store's history, or the stream's first message). Readers see an empty model meanwhile: `rebuild`
     /// is the way for a live projection; this is for benchmarks and tests.
     pub async fn reset(&self) -> Result<(), RebuildError> {
         let mut tx = self.pool.begin().await.map_err(RebuildError::Reset)?;

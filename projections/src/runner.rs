@@ -1,7 +1,9 @@
 //! The one runner every projection shares: its settings, its connections, and a batch applied in ONE
 //! transaction ([`crate::apply`]). The rest of it lives beside: the durable consumer in `consumer.rs`,
-//! the message loop in `consume.rs`, the checkpoint verdict in `checkpoint.rs` and `plan.rs`, parking
-//! in `park.rs`, the held table in `held.rs`, blue/green rebuilds in `rebuild.rs`.
+//! the message loop in `consume.rs`, where consumers start (the catch-up from the event store) in
+//! `catch_up.rs` and `history.rs`, the checkpoint verdict in `checkpoint.rs` and `plan.rs`, parking
+//! in `park.rs`, the held table in `held.rs`, blue/green rebuilds in `rebuild.rs` with their
+//! handover in `handover.rs` and the operator's decisions they keep in `discards.rs`.
 //!
 //! Exactly once in effect: a version at or below the checkpoint is a duplicate (acked, not applied);
 //! the next version is applied and moves the checkpoint in the same transaction; a later version is
@@ -62,6 +64,10 @@ pub struct RunnerConfig {
     /// How many partitions the orders are split into and which this instance applies
     /// (`--partitions`, `--partition`); one partition by default, today's single consumer.
     pub partitions: Partitions,
+    /// The event store's database, whose `events` table a consumer that starts (a first start, a
+    /// rebuild, one behind the stream) catches up from (`--events-url`); `None`: the projection's
+    /// own database.
+    pub events_url: Option<String>,
 }
 
 impl Default for RunnerConfig {
@@ -76,6 +82,7 @@ impl Default for RunnerConfig {
             fail_point: FailPoint::None,
             max_versions: Vec::new(),
             partitions: Partitions::single(),
+            events_url: None,
         }
     }
 }
@@ -93,6 +100,12 @@ pub enum FailPoint {
     /// Fail a rebuild after the new state is built, before it is swapped in.
     #[cfg(feature = "fault-injection")]
     FailBeforeSwap,
+    /// Abort the process right after a rebuild's swap commits, before any consumer is moved.
+    #[cfg(feature = "fault-injection")]
+    AbortAfterSwap,
+    /// Abort the process while a rebuild's handover moves the live consumers, after the first.
+    #[cfg(feature = "fault-injection")]
+    AbortAfterFirstConsumerMoved,
 }
 
 /// Counts over a batch or a run.
@@ -112,6 +125,10 @@ pub struct Tally {
     /// several partitions, and only then in the JSON).
     #[serde(skip_serializing_if = "is_zero")]
     pub skipped: u64,
+    /// Of `messages`, the events read from the event store's `events` table by a catch-up rather
+    /// than delivered by the stream (only in the JSON when there were some).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub from_store: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -138,6 +155,7 @@ impl Tally {
         self.held += other.held;
         self.parked += other.parked;
         self.skipped += other.skipped;
+        self.from_store += other.from_store;
     }
 }
 

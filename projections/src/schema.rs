@@ -68,7 +68,9 @@ pub enum SchemaError {
 ///   until it is applied (so no number of gaps can fill the consumer's ack-pending window);
 /// - `parked`: poison, with its reason; headers as JSON bytes (`bytea`: PostgreSQL's JSON types refuse
 ///   `\u0000`) and at most the first 64 KiB of the body, with its size and SHA-256;
-/// - `operator_log`: who discarded, released or redrove what, when and why.
+/// - `operator_log`: who discarded, released or redrove what, when and why;
+/// - `handover`: where each live consumer must continue after a rebuild's swap, written by the swap's
+///   transaction and marked done once the consumer has moved (`handover.rs`).
 const RUNNER_TABLES: &str = "
     CREATE TABLE IF NOT EXISTS checkpoints (
         aggregate_id UUID        PRIMARY KEY,
@@ -121,6 +123,13 @@ const RUNNER_TABLES: &str = "
         target TEXT        NOT NULL,
         reason TEXT        NOT NULL,
         detail JSONB       NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE IF NOT EXISTS handover (
+        consumer       TEXT        PRIMARY KEY,
+        start_sequence BIGINT      NOT NULL,
+        token          UUID        NOT NULL,
+        recorded_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+        moved_at       TIMESTAMPTZ
     );";
 
 /// Creates the schema and tables if missing and returns a pool whose connections find them first

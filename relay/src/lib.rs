@@ -26,4 +26,7 @@ pub use config::PublishFaults;
 pub use config::{RelayConfig, StreamSettings};
 pub use run::{ConnectError, Relay, RunSummary};
 pub use step::{FailPoint, StepError, StepReport};
-pub use stream::{ProvisionError, ensure_stream, ensure_stream_with_replicas};
+pub use stream::{
+    MIN_MAX_AGE, ProvisionError, StreamLimits, check_max_age, ensure_stream, ensure_stream_with,
+    ensure_stream_with_replicas,
+};

@@ -51,27 +51,57 @@ struct Connection {
     /// --update, which changes it). Without it a new stream gets 1 and an existing one keeps its own.
     #[arg(long, env = "WAYBILL_STREAM_REPLICAS", value_name = "N", value_parser = clap::value_parser!(u8).range(1..=5), global = true)]
     replicas: Option<u8>,
+
+    /// How long the stream keeps a message (e.g. 7d, 36h; `off` for no limit, the default). History
+    /// lives in the event store: a projection that starts, rebuilds or was down longer than this
+    /// catches up from the events table (its role needs SELECT on it) and the stream takes over.
+    /// At least 1h and the dedupe window. `provision` and `run` create the stream with it and
+    /// refuse an existing one with another limit (unless --update, which changes it); without it
+    /// a new stream keeps every message and an existing one keeps its own limit.
+    #[arg(long, env = "WAYBILL_STREAM_MAX_AGE", value_name = "DURATION|off", value_parser = max_age, global = true)]
+    max_age: Option<Duration>,
 }
 
-/// With `--replicas`: creates or checks the stream with that many replicas before anything else uses
-/// it (the relay's own check then finds it in shape, whatever its replica count).
-async fn provision_replicas(
+/// `--max-age`: a duration, or `off` (no limit, which JetStream spells 0).
+fn max_age(text: &str) -> Result<Duration, String> {
+    if text.trim().eq_ignore_ascii_case("off") {
+        return Ok(Duration::ZERO);
+    }
+    let age: Duration = text
+        .trim()
+        .parse::<humantime::Duration>()
+        .map_err(|e| format!("{text:?} is not a duration (e.g. 7d, 36h) or off: {e}"))?
+        .into();
+    if age.is_zero() {
+        return Err("a max age of 0 is spelled `off` (no limit)".into());
+    }
+    Ok(age)
+}
+
+/// With `--replicas` or `--max-age`: creates or checks the stream with them before anything else
+/// uses it (the relay's own check then finds it in shape, whatever its replica count and age limit).
+async fn provision_limits(
     connection: &Connection,
     stream: &StreamSettings,
     update: bool,
 ) -> anyhow::Result<Option<async_nats::jetstream::stream::Info>> {
-    let Some(replicas) = connection.replicas else {
-        return Ok(None);
+    let limits = relay::StreamLimits {
+        replicas: connection.replicas.map(usize::from),
+        max_age: connection.max_age,
     };
+    if limits == relay::StreamLimits::default() {
+        return Ok(None);
+    }
+    if let Some(max_age) = limits.max_age {
+        relay::check_max_age(max_age, stream.duplicate_window).map_err(ops::Refused::new)?;
+    }
     let client = connection
         .shared
         .nats
         .connect("waybill-relay-provision")
         .await?;
     let jetstream = async_nats::jetstream::new(client);
-    let info =
-        relay::ensure_stream_with_replicas(&jetstream, stream, Some(usize::from(replicas)), update)
-            .await?;
+    let info = relay::ensure_stream_with(&jetstream, stream, &limits, update).await?;
     Ok(Some(info))
 }
 
@@ -90,7 +120,8 @@ static DEFAULT_BACKOFF: LazyLock<String> = LazyLock::new(|| {
 enum Command {
     /// Relay until SIGTERM/Ctrl-C (or, with --once, until nothing is claimable).
     Run(RunArgs),
-    /// Create the stream, or verify that the existing one has the settings the relay needs.
+    /// Create the stream, or verify that the existing one has the settings the relay needs (and the
+    /// --replicas and --max-age given, if any).
     Provision {
         /// Change an existing stream's settings to the ones needed instead of refusing.
         #[arg(long)]
@@ -213,11 +244,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     match cli.command {
         Command::Run(args) => {
-            provision_replicas(&cli.connection, &stream, false).await?;
+            provision_limits(&cli.connection, &stream, false).await?;
             relay_run(&cli.connection, stream, args, cli.json).await
         }
         Command::Provision { update } => {
-            let replicated = provision_replicas(&cli.connection, &stream, update).await?;
+            let limited = provision_limits(&cli.connection, &stream, update).await?;
             let relay = Relay::connect(
                 &cli.connection.shared.database.url,
                 cli.connection.shared.nats.clone(),
@@ -227,23 +258,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 },
             )
             .await?;
-            let info = match replicated {
+            let info = match limited {
                 Some(info) => info,
                 None => relay.provision(update).await?,
             };
             if cli.json {
                 println!(
                     "{}",
-                    serde_json::json!({"stream": info.config.name, "subjects": info.config.subjects, "duplicate_window_s": info.config.duplicate_window.as_secs_f64(), "replicas": info.config.num_replicas.max(1), "messages": info.state.messages})
+                    serde_json::json!({"stream": info.config.name, "subjects": info.config.subjects, "duplicate_window_s": info.config.duplicate_window.as_secs_f64(), "replicas": info.config.num_replicas.max(1), "max_age_s": (!info.config.max_age.is_zero()).then_some(info.config.max_age.as_secs_f64()), "messages": info.state.messages, "first_sequence": info.state.first_sequence})
                 );
             } else {
+                let max_age = if info.config.max_age.is_zero() {
+                    "no age limit".to_owned()
+                } else {
+                    format!(
+                        "messages kept {}",
+                        humantime::format_duration(info.config.max_age)
+                    )
+                };
                 println!(
-                    "stream {} ready: subjects {:?}, duplicate window {}, {} replica(s), {} messages",
+                    "stream {} ready: subjects {:?}, duplicate window {}, {} replica(s), {max_age}, {} messages from sequence {}",
                     info.config.name,
                     info.config.subjects,
                     humantime::format_duration(info.config.duplicate_window),
                     info.config.num_replicas.max(1),
-                    info.state.messages
+                    info.state.messages,
+                    info.state.first_sequence
                 );
             }
             Ok(())

@@ -38,8 +38,52 @@ fn request_failed(error: impl std::error::Error + Send + Sync + 'static) -> Prov
     ProvisionError::JetStream(Box::new(error))
 }
 
+/// The least `--max-age` accepted: far beyond what any publish or claim lives (the relay's fence
+/// finds an aggregate whose earlier messages aged out as an empty subject, which is only safe when no
+/// relay can still be publishing an earlier version of it), and long enough that a projection's
+/// short outage stays within the stream (one behind it catches up from the event store instead).
+pub const MIN_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// What `provision` (and `run`) may be told about the stream beyond its names and dedupe window;
+/// `None` accepts what an existing stream has and gives a new one the default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Replicas on a NATS cluster (`--replicas`); default 1.
+    pub replicas: Option<usize>,
+    /// How long the stream keeps a message (`--max-age`); `Some(Duration::ZERO)` is no limit, the
+    /// default. History lives in the event store, so a bounded stream costs projections nothing but
+    /// a catch-up from the store after a long outage (docs/decisions/stream-retention.md).
+    pub max_age: Option<std::time::Duration>,
+}
+
+/// Why a `--max-age` is refused: too short for the relay's fence or shorter than the dedupe window.
+pub fn check_max_age(
+    max_age: std::time::Duration,
+    duplicate_window: std::time::Duration,
+) -> Result<(), String> {
+    if max_age.is_zero() {
+        return Ok(());
+    }
+    if max_age < MIN_MAX_AGE {
+        return Err(format!(
+            "--max-age {} is under {}: a message could age out while a relay may still publish              an earlier version of its aggregate",
+            humantime::format_duration(max_age),
+            humantime::format_duration(MIN_MAX_AGE)
+        ));
+    }
+    if max_age < duplicate_window {
+        return Err(format!(
+            "--max-age {} is shorter than the dedupe window {}",
+            humantime::format_duration(max_age),
+            humantime::format_duration(duplicate_window)
+        ));
+    }
+    Ok(())
+}
+
 /// The stream the relay needs: file storage, every subject under the prefix, the dedupe window, and no
-/// limits that would drop history (projections rebuild from the start of the stream).
+/// count or size limit; no age limit unless [`StreamLimits::max_age`] asks for one (projections catch
+/// up from the event store, not from the stream's first message).
 pub fn wanted_config(settings: &StreamSettings) -> stream::Config {
     stream::Config {
         name: settings.name.clone(),
@@ -87,11 +131,14 @@ pub fn differences(actual: &stream::Config, wanted: &stream::Config) -> Vec<Stri
         humantime::format_duration(actual.duplicate_window).to_string(),
         humantime::format_duration(wanted.duplicate_window).to_string(),
     );
-    check(
-        "max_age",
-        humantime::format_duration(actual.max_age).to_string(),
-        humantime::format_duration(wanted.max_age).to_string(),
-    );
+    let age = |age: std::time::Duration| {
+        if age.is_zero() {
+            "no limit".to_owned()
+        } else {
+            humantime::format_duration(age).to_string()
+        }
+    };
+    check("max_age", age(actual.max_age), age(wanted.max_age));
     check(
         "max_messages",
         actual.max_messages.to_string(),
@@ -149,16 +196,39 @@ pub async fn ensure_stream_with_replicas(
     replicas: Option<usize>,
     update: bool,
 ) -> Result<stream::Info, ProvisionError> {
+    let limits = StreamLimits {
+        replicas,
+        max_age: None,
+    };
+    ensure_stream_with(jetstream, settings, &limits, update).await
+}
+
+/// [`ensure_stream`] with the replica count and the age limit an operator named: each one given is
+/// required of an existing stream (or, with `update`, set on it), each one not given is accepted as
+/// an existing stream has it and defaulted on a new one (one replica, no age limit).
+pub async fn ensure_stream_with(
+    jetstream: &jetstream::Context,
+    settings: &StreamSettings,
+    limits: &StreamLimits,
+    update: bool,
+) -> Result<stream::Info, ProvisionError> {
     let mut wanted = wanted_config(settings);
-    if let Some(replicas) = replicas {
+    if let Some(replicas) = limits.replicas {
         wanted.num_replicas = replicas;
+    }
+    if let Some(max_age) = limits.max_age {
+        wanted.max_age = max_age;
     }
     match jetstream.get_stream(&settings.name).await {
         Ok(mut existing) => {
             let info = existing.info().await.map_err(request_failed)?.clone();
-            if replicas.is_none() {
+            if limits.replicas.is_none() {
                 // Not asked: an update must not scale a replicated stream down.
                 wanted.num_replicas = info.config.num_replicas;
+            }
+            if limits.max_age.is_none() {
+                // Not asked: a relay started without --max-age keeps the stream's retention.
+                wanted.max_age = info.config.max_age;
             }
             let differences = differences(&info.config, &wanted);
             if differences.is_empty() {

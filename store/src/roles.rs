@@ -4,8 +4,9 @@
 //! - `waybill_app` — the command side: appends events, outbox rows and idempotency keys, reads events.
 //! - `waybill_relay` — reads and settles the outbox, keeps its journal, purges, ends stalled claims.
 //!   It cannot read or change `events`.
-//! - `waybill_projection` — may create and own its own schemas in the database; no access to `events`,
-//!   `outbox` or anything else of the event store.
+//! - `waybill_projection` — may create and own its own schemas in the database, and read `events`
+//!   (a projection that starts or rebuilds catches up from it: history lives in the store); no
+//!   access to `outbox` or anything else of the event store, and no write to `events`.
 //! - `waybill_console` — the console (`waybill-console`): reads events, the outbox and its journal;
 //!   updates only the outbox columns a dead row's replay changes. The projections' bookkeeping tables
 //!   it reads are granted to it by each projection when it creates its schema (the schema's owner is
@@ -58,8 +59,9 @@ pub async fn create_roles(pool: &PgPool) -> sqlx::Result<Vec<String>> {
         format!("GRANT CREATE ON DATABASE {quoted} TO waybill_projection"),
         // Table-level revokes take the column grants (the console's UPDATE) with them.
         "REVOKE ALL ON events, outbox, outbox_inflight, command_idempotency FROM waybill_app, waybill_relay, waybill_projection, waybill_console".to_owned(),
-        "GRANT USAGE ON SCHEMA public TO waybill_app, waybill_relay, waybill_console".to_owned(),
+        "GRANT USAGE ON SCHEMA public TO waybill_app, waybill_relay, waybill_projection, waybill_console".to_owned(),
         "GRANT SELECT, INSERT ON events TO waybill_app".to_owned(),
+        "GRANT SELECT ON events TO waybill_projection".to_owned(),
         "GRANT INSERT ON outbox TO waybill_app".to_owned(),
         "GRANT SELECT, INSERT ON command_idempotency TO waybill_app".to_owned(),
         "GRANT SELECT, UPDATE, DELETE ON outbox TO waybill_relay".to_owned(),

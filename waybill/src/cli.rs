@@ -98,7 +98,8 @@ pub struct HandedOver {
 pub enum RolesCommand {
     /// Create (or bring up to date) the group roles waybill_app (the command side: append events,
     /// outbox rows and idempotency keys; read events), waybill_relay (read and settle the outbox, its
-    /// journal, purge) and waybill_projection (its own schemas only; no access to events or outbox).
+    /// journal, purge) and waybill_projection (its own schemas, and read events to catch up from
+    /// them; no write to events, no access to the outbox).
     /// Idempotent. Make login users members, e.g.
     /// CREATE ROLE relay1 LOGIN PASSWORD '…' IN ROLE waybill_relay;
     Create,

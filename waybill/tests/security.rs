@@ -163,8 +163,27 @@ async fn each_role_can_do_its_job_and_nothing_more(pool: PgPool) {
         .execute(as_projection)
         .await
         .expect("and its tables");
-    assert!(denied(as_projection, "SELECT count(*) FROM events").await);
+    // It reads the event store's history (a first start and a rebuild catch up from it), and
+    // changes none of it.
+    let history: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
+        .fetch_one(as_projection)
+        .await
+        .expect("a projection reads events");
+    assert_eq!(history, 1);
+    assert!(denied(as_projection, "UPDATE events SET payload = '{}'").await);
+    assert!(denied(as_projection, "DELETE FROM events").await);
+    assert!(
+        denied(
+            as_projection,
+            "INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id, \
+             aggregate_version, occurred_at, payload) SELECT gen_random_uuid(), event_type, \
+             event_version, aggregate_type, aggregate_id, aggregate_version + 1, occurred_at, \
+             payload FROM events"
+        )
+        .await
+    );
     assert!(denied(as_projection, "SELECT count(*) FROM outbox").await);
+    assert!(denied(as_projection, "SELECT count(*) FROM command_idempotency").await);
 
     for login in [app, relay, projection] {
         login.drop(&pool).await;
