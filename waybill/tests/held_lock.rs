@@ -233,12 +233,18 @@ async fn a_lock_on_one_order_delays_only_that_orders_commands(pool: PgPool) {
         answers.extend(payer.await.expect("payer"));
     }
     other.rollback().await.expect("rollback");
+    // The baseline again once the lock is gone: the machine is shared and its speed drifts, so the
+    // throughput is compared with the mean of the phases before and after.
+    let after = unrelated_orders(&client, &s.base, Duration::from_secs(3)).await;
+    eprintln!("baseline after: {}", after.summary());
+    let baseline_rate = (baseline.rate() + after.rate()) / 2.0;
 
     assert!(
-        baseline.failures.is_empty() && during.failures.is_empty(),
-        "unrelated orders failed: {:?} {:?}",
+        baseline.failures.is_empty() && during.failures.is_empty() && after.failures.is_empty(),
+        "unrelated orders failed: {:?} {:?} {:?}",
         baseline.failures,
-        during.failures
+        during.failures,
+        after.failures
     );
     assert!(
         during.quantile(0.99) < 250,
@@ -247,10 +253,11 @@ async fn a_lock_on_one_order_delays_only_that_orders_commands(pool: PgPool) {
         baseline.summary()
     );
     assert!(
-        during.rate() >= 0.5 * baseline.rate(),
-        "unrelated orders while one is locked: {} (baseline: {})",
+        during.rate() >= 0.5 * baseline_rate,
+        "unrelated orders while one is locked: {} (baseline before: {}, after: {})",
         during.summary(),
-        baseline.summary()
+        baseline.summary(),
+        after.summary()
     );
 
     assert!(
@@ -310,8 +317,8 @@ async fn a_lock_on_one_order_delays_only_that_orders_commands(pool: PgPool) {
     assert_eq!(paid.status(), StatusCode::OK);
 
     // Nothing written twice: every order placed once and paid once, one outbox row per event.
-    let placed = 1 + warm_up.placed + baseline.placed + during.placed;
-    let paid = 1 + warm_up.paid + baseline.paid + during.paid;
+    let placed = 1 + warm_up.placed + baseline.placed + during.placed + after.placed;
+    let paid = 1 + warm_up.paid + baseline.paid + during.paid + after.paid;
     assert_eq!(
         count(&pool, "SELECT count(*) FROM events").await,
         placed + paid
