@@ -161,6 +161,15 @@ pub fn aggregate_of_event(event_type: &str) -> Option<&'static AggregateKind> {
         .find(|kind| kind.events.iter().any(|(t, _)| *t == event_type))
 }
 
+/// The current version of `event_type`, whichever aggregate type it belongs to.
+pub fn current_version_of(event_type: &str) -> Option<i32> {
+    aggregate_of_event(event_type)?
+        .events
+        .iter()
+        .find(|(t, _)| *t == event_type)
+        .map(|(_, version)| *version)
+}
+
 /// An event of any aggregate type this code knows, for readers that take more than one (the
 /// catalog's checks, a projection that reads orders and customers). One variant per entry of
 /// [`AGGREGATES`].

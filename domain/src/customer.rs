@@ -3,7 +3,8 @@
 //! Its aggregate id is derived from the handle (UUID v5), so `GET /customers/alice` needs no lookup
 //! and two registrations of one handle collide on the event store's unique version.
 //!
-//! Events: `customer.registered` v1 `{customer_id, name}`, `customer.renamed` v1 `{name}`.
+//! Events: `customer.registered` v1 `{customer_id, name}`, `customer.renamed` v1 `{name}`; like
+//! every payload type, each is `#[non_exhaustive]` and built by its `from_command` alone.
 
 use std::fmt;
 
@@ -50,6 +51,7 @@ impl fmt::Display for CustomerKey {
 /// `customer.registered`, version 1: a handle and the name to show for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct CustomerRegistered {
     /// The handle orders carry as their `customer_id`.
     pub customer_id: CustomerId,
@@ -57,12 +59,33 @@ pub struct CustomerRegistered {
     pub name: Note,
 }
 
+impl CustomerRegistered {
+    /// The event an accepted register command records. The one place a `CustomerRegistered` is
+    /// built: a new field with a default is set here alone.
+    pub fn from_command(register: &RegisterCustomer) -> Self {
+        Self {
+            customer_id: register.customer_id.clone(),
+            name: register.name.clone(),
+        }
+    }
+}
+
 /// `customer.renamed`, version 1: a new name to show.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct CustomerRenamed {
     /// The new name.
     pub name: Note,
+}
+
+impl CustomerRenamed {
+    /// The event an accepted rename command records. The one place a `CustomerRenamed` is built.
+    pub fn from_command(rename: &RenameCustomer) -> Self {
+        Self {
+            name: rename.name.clone(),
+        }
+    }
 }
 
 /// Something that happened to a customer, in the current shape of its type.
@@ -239,19 +262,14 @@ impl Aggregate for Customer {
                         key: self.key,
                     });
                 }
-                CustomerEvent::Registered(CustomerRegistered {
-                    customer_id: register.customer_id.clone(),
-                    name: register.name.clone(),
-                })
+                CustomerEvent::Registered(CustomerRegistered::from_command(register))
             }
             CustomerCommand::Rename(rename) => match &self.customer_id {
                 None => return Err(CustomerError::NotFound(self.key)),
                 Some(handle) if self.name.as_ref() == Some(&rename.name) => {
                     return Err(CustomerError::SameName(handle.to_string()));
                 }
-                Some(_) => CustomerEvent::Renamed(CustomerRenamed {
-                    name: rename.name.clone(),
-                }),
+                Some(_) => CustomerEvent::Renamed(CustomerRenamed::from_command(rename)),
             },
         };
         Ok(vec![event])
@@ -388,13 +406,13 @@ mod tests {
     #[test]
     fn payloads_round_trip_and_every_type_has_a_version() {
         let events = [
-            CustomerEvent::Registered(CustomerRegistered {
+            CustomerEvent::Registered(CustomerRegistered::from_command(&RegisterCustomer {
                 customer_id: handle("alice"),
                 name: Note::required("name", "Alice").expect("name"),
-            }),
-            CustomerEvent::Renamed(CustomerRenamed {
+            })),
+            CustomerEvent::Renamed(CustomerRenamed::from_command(&RenameCustomer {
                 name: Note::required("name", "Al").expect("name"),
-            }),
+            })),
         ];
         for event in events {
             let back = CustomerEvent::from_payload(event.event_type(), event.to_payload())

@@ -2,16 +2,27 @@
 //!
 //! Field names are a public schema read by other services: they never change within a version. A change
 //! of shape is a new version plus an upcaster (see [`crate::upcast`]); this enum only knows the newest.
+//!
+//! Every payload type is `#[non_exhaustive]` and built by its constructor beside it, so a field added
+//! with a default is set here alone (`docs/guides/new-event-version.md`). Outside this crate a literal
+//! does not compile:
+//!
+//! ```compile_fail
+//! let note = domain::Note::parse("DHL").expect("a note");
+//! let shipped = domain::OrderShipped { carrier: note.clone(), tracking_number: note };
+//! ```
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::order::{CancelOrder, PayOrder, PlaceOrder, ShipOrder};
 use crate::values::{Cents, Channel, Currency, CustomerId, Note, OrderLine};
 
 /// `order.placed`, version 3: who ordered what, in which currency, for how much, through which sales
 /// channel. (v2 had no channel; v1 was the legacy `{order_no, amount_cents}`.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct OrderPlaced {
     /// The customer who placed the order.
     pub customer_id: CustomerId,
@@ -26,10 +37,10 @@ pub struct OrderPlaced {
 }
 
 impl OrderPlaced {
-    /// The event an accepted place command records, its total already checked. Built here, beside
-    /// the payload type, so that a new field with a default (one the command does not carry) is set
-    /// in this file alone.
-    pub fn from_command(place: &crate::order::PlaceOrder, total_cents: i64) -> Self {
+    /// The event an accepted place command records, its total already checked. The one place an
+    /// `OrderPlaced` is built: a new field with a default (one the command does not carry) is set
+    /// here alone.
+    pub fn from_command(place: &PlaceOrder, total_cents: i64) -> Self {
         Self {
             customer_id: place.customer_id.clone(),
             currency: place.currency.clone(),
@@ -43,6 +54,7 @@ impl OrderPlaced {
 /// `order.paid`, version 1: the order total was paid.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct OrderPaid {
     /// The amount paid; always the order total.
     pub amount_cents: Cents,
@@ -50,22 +62,54 @@ pub struct OrderPaid {
     pub payment_ref: Option<Note>,
 }
 
+impl OrderPaid {
+    /// The event an accepted pay command records, its amount already checked against the total.
+    /// The one place an `OrderPaid` is built.
+    pub fn from_command(pay: &PayOrder) -> Self {
+        Self {
+            amount_cents: pay.amount_cents,
+            payment_ref: pay.payment_ref.clone(),
+        }
+    }
+}
+
 /// `order.cancelled`, version 1: the order will not ship (a refund if it was paid).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct OrderCancelled {
     /// Why, in the words of whoever cancelled.
     pub reason: Note,
 }
 
+impl OrderCancelled {
+    /// The event an accepted cancel command records. The one place an `OrderCancelled` is built.
+    pub fn from_command(cancel: &CancelOrder) -> Self {
+        Self {
+            reason: cancel.reason.clone(),
+        }
+    }
+}
+
 /// `order.shipped`, version 1: the order left the warehouse.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct OrderShipped {
     /// Who carries it.
     pub carrier: Note,
     /// The carrier's tracking number.
     pub tracking_number: Note,
+}
+
+impl OrderShipped {
+    /// The event an accepted ship command records. The one place an `OrderShipped` is built.
+    pub fn from_command(ship: &ShipOrder) -> Self {
+        Self {
+            carrier: ship.carrier.clone(),
+            tracking_number: ship.tracking_number.clone(),
+        }
+    }
 }
 
 /// Something that happened to an order, in the current shape of its type.

@@ -250,22 +250,16 @@ impl Order {
                         paid_cents: pay.amount_cents.get(),
                     });
                 }
-                OrderEvent::Paid(OrderPaid {
-                    amount_cents: pay.amount_cents,
-                    payment_ref: pay.payment_ref.clone(),
-                })
+                OrderEvent::Paid(OrderPaid::from_command(pay))
             }
             OrderCommand::Cancel(cancel) => match self.status {
-                OrderStatus::Placed | OrderStatus::Paid => OrderEvent::Cancelled(OrderCancelled {
-                    reason: cancel.reason.clone(),
-                }),
+                OrderStatus::Placed | OrderStatus::Paid => {
+                    OrderEvent::Cancelled(OrderCancelled::from_command(cancel))
+                }
                 _ => return Err(illegal("cancel")),
             },
             OrderCommand::Ship(ship) => match self.status {
-                OrderStatus::Paid => OrderEvent::Shipped(OrderShipped {
-                    carrier: ship.carrier.clone(),
-                    tracking_number: ship.tracking_number.clone(),
-                }),
+                OrderStatus::Paid => OrderEvent::Shipped(OrderShipped::from_command(ship)),
                 _ => return Err(illegal("ship")),
             },
         };
@@ -363,8 +357,25 @@ impl Aggregate for Order {
         OrderError::NotFound(id)
     }
 
+    /// Every version of the order's events ever written: the steps up to the current shape (the
+    /// functions live in `crate::upcast`) and the downcasters writers hold back with in a rollout.
+    /// Every aggregate registers its steps in its own `upcasters()`.
     fn upcasters() -> Upcasters {
-        Upcasters::orders()
+        use crate::upcast::{order_placed_v1_to_v2, order_placed_v2_to_v3, order_placed_v3_to_v2};
+        Upcasters::for_events::<OrderEvent>()
+            .with_named_step(
+                OrderEvent::PLACED,
+                1,
+                "domain::upcast::order_placed_v1_to_v2",
+                order_placed_v1_to_v2,
+            )
+            .with_named_step(
+                OrderEvent::PLACED,
+                2,
+                "domain::upcast::order_placed_v2_to_v3",
+                order_placed_v2_to_v3,
+            )
+            .with_downcast(OrderEvent::PLACED, 3, order_placed_v3_to_v2)
     }
 
     fn schemas() -> Vec<PayloadSchema> {

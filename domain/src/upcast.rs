@@ -15,8 +15,6 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::event::{CURRENT_VERSIONS, OrderEvent};
-
 /// One step: a payload of version `n` in, version `n + 1` out, or why the old payload is unreadable.
 pub type UpcastStep = fn(Value) -> Result<Value, String>;
 
@@ -137,26 +135,10 @@ impl Upcasters {
         self
     }
 
-    /// The registry for order events: every version ever written, up to [`CURRENT_VERSIONS`].
+    /// The registry for order events: every version ever written (registered in
+    /// `Order::upcasters()`).
     pub fn orders() -> Self {
-        debug_assert_eq!(
-            CURRENT_VERSIONS,
-            <OrderEvent as crate::aggregate::DomainEvent>::CURRENT_VERSIONS
-        );
-        Self::for_events::<OrderEvent>()
-            .with_named_step(
-                OrderEvent::PLACED,
-                1,
-                "domain::upcast::order_placed_v1_to_v2",
-                order_placed_v1_to_v2,
-            )
-            .with_named_step(
-                OrderEvent::PLACED,
-                2,
-                "domain::upcast::order_placed_v2_to_v3",
-                order_placed_v2_to_v3,
-            )
-            .with_downcast(OrderEvent::PLACED, 3, order_placed_v3_to_v2)
+        <crate::order::Order as crate::aggregate::Aggregate>::upcasters()
     }
 
     /// Like [`Upcasters::with_step`], with the name the step is shown by.

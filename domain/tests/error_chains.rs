@@ -3,8 +3,8 @@
 
 use chrono::Utc;
 use domain::{
-    CURRENT_VERSIONS, DecodeError, EventEnvelope, EventMeta, Note, OrderCancelled, OrderEvent,
-    OrderId, PayloadError, Upcasters,
+    CURRENT_VERSIONS, CancelOrder, DecodeError, EventEnvelope, EventMeta, Note, OrderCancelled,
+    OrderEvent, OrderId, PayOrder, PayloadError, ShipOrder, Upcasters,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -16,9 +16,9 @@ fn serde_error() -> serde_json::Error {
 }
 
 fn corrupt_envelope() -> EventEnvelope {
-    let event = OrderEvent::Cancelled(OrderCancelled {
+    let event = OrderEvent::Cancelled(OrderCancelled::from_command(&CancelOrder {
         reason: Note::parse("changed my mind").expect("note"),
-    });
+    }));
     let meta = EventMeta {
         event_id: Uuid::now_v7(),
         occurred_at: Utc::now(),
@@ -73,15 +73,17 @@ fn a_corrupt_envelope_payload_decodes_to_a_chain_that_says_each_thing_once() {
 fn every_event_type_writes_its_current_version() {
     let note = || Note::parse("n").expect("note");
     let events = [
-        OrderEvent::Cancelled(OrderCancelled { reason: note() }),
-        OrderEvent::Shipped(domain::OrderShipped {
+        OrderEvent::Cancelled(OrderCancelled::from_command(&CancelOrder {
+            reason: note(),
+        })),
+        OrderEvent::Shipped(domain::OrderShipped::from_command(&ShipOrder {
             carrier: note(),
             tracking_number: note(),
-        }),
-        OrderEvent::Paid(domain::OrderPaid {
+        })),
+        OrderEvent::Paid(domain::OrderPaid::from_command(&PayOrder {
             amount_cents: domain::Cents::new(1).expect("cents"),
             payment_ref: None,
-        }),
+        })),
     ];
     for event in &events {
         let listed = CURRENT_VERSIONS

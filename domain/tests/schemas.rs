@@ -9,7 +9,8 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use domain::catalog::payload_schemas;
+use domain::catalog::RELEASED_FILE as RELEASED_FILE_NAME;
+use domain::catalog::{committed_text, parse_released, payload_schemas, schema_file_name};
 use domain::{EventEnvelope, Upcasters};
 use serde_json::{Value, json};
 
@@ -25,11 +26,11 @@ fn dir(name: &str) -> PathBuf {
 
 /// The committed schema's path relative to the workspace, as error messages name it.
 fn schema_file(event_type: &str, version: i32) -> String {
-    format!("domain/schemas/{event_type}.v{version}.schema.json")
+    format!("domain/schemas/{}", schema_file_name(event_type, version))
 }
 
 fn committed(event_type: &str, version: i32) -> Option<Value> {
-    let path = dir("schemas").join(format!("{event_type}.v{version}.schema.json"));
+    let path = dir("schemas").join(schema_file_name(event_type, version));
     let text = std::fs::read_to_string(path).ok()?;
     Some(serde_json::from_str(&text).expect("a committed schema is JSON"))
 }
@@ -111,42 +112,15 @@ const RELEASED_FILE: &str = "domain/schemas/released.json";
 
 /// Every released `(event_type, event_version)`: its schema may never change again.
 fn released() -> BTreeSet<(String, i32)> {
-    let path = dir("schemas").join("released.json");
+    let path = dir("schemas").join(RELEASED_FILE_NAME);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{RELEASED_FILE} cannot be read: {e}"));
-    let document: Value =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{RELEASED_FILE} is not JSON: {e}"));
-    let types = document["released"].as_object().unwrap_or_else(|| {
-        panic!(r#"{RELEASED_FILE} must be {{"released": {{"<type>": [<version>, …]}}}}"#)
-    });
-    let mut found = BTreeSet::new();
-    for (event_type, versions) in types {
-        let versions = versions.as_array().unwrap_or_else(|| {
-            panic!("{RELEASED_FILE}: the versions of {event_type} must be a list")
-        });
-        for version in versions {
-            let version = version
-                .as_i64()
-                .and_then(|v| i32::try_from(v).ok())
-                .unwrap_or_else(|| {
-                    panic!("{RELEASED_FILE}: {event_type} lists {version}, not a version number")
-                });
-            found.insert((event_type.clone(), version));
-        }
-    }
-    found
+    parse_released(&text).unwrap_or_else(|e| panic!("{RELEASED_FILE}: {e}"))
 }
 
 /// The command that writes a version's committed file from the catalog.
 fn write_command(event_type: &str, version: i32) -> String {
-    format!("waybill schema show {event_type} --version {version} --write domain/schemas")
-}
-
-/// A schema as `waybill schema show --write` writes it: pretty JSON and a final newline.
-fn pretty(schema: &Value) -> String {
-    let mut text = serde_json::to_string_pretty(schema).expect("a JSON value serialises");
-    text.push('\n');
-    text
+    format!("cargo xtask write-schema {event_type} --version {version}")
 }
 
 /// `old` and `new` line by line, as a reader wants it: `-` only in `old`, `+` only in `new`, two
@@ -219,19 +193,19 @@ fn check_committed(
         return Ok(());
     }
     let diff = format!(
-        "  --- {file} (committed)\n  +++ domain/src/catalog.rs (the code)\n{}",
-        line_diff(&pretty(committed), &pretty(code))
+        "  --- {file} (committed)\n  +++ the catalog (the code)\n{}",
+        line_diff(&committed_text(committed), &committed_text(code))
     );
     Err(if released {
         format!(
-            "{file} differs from {event_type} v{version}'s schema in domain/src/catalog.rs, and v{version} \
-             is released ({RELEASED_FILE}):\n{diff}\
-             A released schema may never change: undo the change in domain/src/catalog.rs and publish a \
-             new version instead (waybill schema new-version {event_type}, then its checklist)."
+            "{file} differs from {event_type} v{version}'s schema in the catalog, and v{version} is \
+             released ({RELEASED_FILE}):\n{diff}\
+             A released schema may never change: undo the change to the catalog and publish a new \
+             version instead (cargo xtask new-version {event_type}, then its checklist)."
         )
     } else {
         format!(
-            "{file} differs from {event_type} v{version}'s schema in domain/src/catalog.rs:\n{diff}\
+            "{file} differs from {event_type} v{version}'s schema in the catalog:\n{diff}\
              v{version} is not released (not in {RELEASED_FILE}), so it may still change; if the code is \
              right, regenerate it: {}",
             write_command(event_type, version)
@@ -261,20 +235,20 @@ fn every_schema_equals_its_committed_file() {
 }
 
 #[test]
-fn every_committed_schema_is_written_as_waybill_writes_it() {
-    // So that `waybill schema show --write` reproduces a committed file byte for byte, and a
+fn every_committed_schema_is_written_as_the_tools_write_it() {
+    // So that `cargo xtask write-schema` reproduces a committed file byte for byte, and a
     // regenerated file's diff in review shows only what changed.
     let mut failures = Vec::new();
     for (event_type, version, path) in committed_files() {
         let text = std::fs::read_to_string(&path).expect("readable");
         let schema: Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("{} is not JSON: {e}", schema_file(&event_type, version)));
-        if text != pretty(&schema) {
+        if text != committed_text(&schema) {
             failures.push(format!(
-                "{} is not laid out as `waybill schema show --write` writes it (pretty JSON, keys in \
+                "{} is not laid out as `cargo xtask write-schema` writes it (pretty JSON, keys in \
                  order, a final newline):\n{}rewrite it: {}",
                 schema_file(&event_type, version),
-                line_diff(&text, &pretty(&schema)),
+                line_diff(&text, &committed_text(&schema)),
                 write_command(&event_type, version)
             ));
         }
@@ -321,24 +295,23 @@ fn every_version_that_can_exist_has_a_schema() {
     let mut problems = Vec::new();
     for (event_type, version) in expected.difference(&in_catalog) {
         problems.push(format!(
-            "missing: {event_type} v{version} can exist (CURRENT_VERSIONS in domain/src/event.rs) but \
-             domain/src/catalog.rs has no schema for it; add it there, then {} ({})",
+            "missing: {event_type} v{version} can exist (its aggregate's CURRENT_VERSIONS) but the \
+             catalog has no schema for it; add it there, then {} ({})",
             schema_file(event_type, *version),
             write_command(event_type, *version)
         ));
     }
     for (event_type, version) in in_catalog.difference(&expected) {
         problems.push(format!(
-            "extra: {event_type} v{version} is in domain/src/catalog.rs but no such version can exist \
-             (CURRENT_VERSIONS in domain/src/event.rs, upcasters in domain/src/upcast.rs): finish that \
-             version or remove its schema"
+            "extra: {event_type} v{version} is in the catalog but no such version can exist (its \
+             aggregate's CURRENT_VERSIONS and upcasters): finish that version or remove its schema"
         ));
     }
     for (event_type, version, _) in committed_files() {
         if !expected.contains(&(event_type.clone(), version)) {
             problems.push(format!(
-                "extra: {} is committed, but {event_type} v{version} cannot exist (CURRENT_VERSIONS in \
-                 domain/src/event.rs): finish that version or remove the file",
+                "extra: {} is committed, but {event_type} v{version} cannot exist (its aggregate's \
+                 CURRENT_VERSIONS): finish that version or remove the file",
                 schema_file(&event_type, version)
             ));
         }
@@ -361,7 +334,7 @@ fn every_released_version_is_in_the_catalog() {
         .filter(|key| !in_catalog.contains(key))
         .map(|(event_type, version)| {
             format!(
-                "{event_type} v{version} (no schema in domain/src/catalog.rs, no {})",
+                "{event_type} v{version} (no schema in the catalog, no {})",
                 schema_file(&event_type, version)
             )
         })
@@ -407,7 +380,7 @@ fn a_changed_unreleased_schema_is_to_be_regenerated() {
     for expected in [
         "domain/schemas/order.x.v2.schema.json",
         "  -   \"type\": \"array\"\n  +   \"type\": \"object\"\n",
-        "regenerate it: waybill schema show order.x --version 2 --write domain/schemas",
+        "regenerate it: cargo xtask write-schema order.x --version 2",
     ] {
         assert!(
             report.contains(expected),
@@ -418,7 +391,7 @@ fn a_changed_unreleased_schema_is_to_be_regenerated() {
     let missing = check_committed("order.x", 2, &code, None, false).expect_err("no file");
     assert!(
         missing.contains("add domain/schemas/order.x.v2.schema.json")
-            && missing.contains("waybill schema show order.x --version 2 --write domain/schemas"),
+            && missing.contains("cargo xtask write-schema order.x --version 2"),
         "{missing}"
     );
 }

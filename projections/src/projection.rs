@@ -59,8 +59,7 @@ pub fn parse_status(text: &str) -> Result<domain::OrderStatus, sqlx::Error> {
 
 #[cfg(test)]
 mod tests {
-    use domain::{OrderId, OrderPaid, OrderPlaced};
-    use serde_json::json;
+    use domain::{Cents, OrderId, OrderPaid, OrderPlaced, PayOrder};
 
     use super::*;
 
@@ -75,20 +74,18 @@ mod tests {
     }
 
     fn placed() -> OrderEvent {
-        OrderEvent::Placed(
-            serde_json::from_value::<OrderPlaced>(json!({
-                "customer_id": "c-1", "currency": "EUR", "channel": "web", "total_cents": 500,
-                "lines": [{"sku": "MUG", "quantity": 1, "unit_price_cents": 500}],
-            }))
-            .expect("a valid placement"),
-        )
+        let domain::OrderCommand::Place(place) = testkit::place("c-1", &["MUG:1:500"]) else {
+            unreachable!("testkit::place builds a place command")
+        };
+        OrderEvent::Placed(OrderPlaced::from_command(&place, 500))
     }
 
     fn paid() -> OrderEvent {
-        OrderEvent::Paid(
-            serde_json::from_value::<OrderPaid>(json!({"amount_cents": 500, "payment_ref": null}))
-                .expect("a valid payment"),
-        )
+        let amount_cents = Cents::new(500).expect("a valid amount");
+        OrderEvent::Paid(OrderPaid::from_command(&PayOrder {
+            amount_cents,
+            payment_ref: None,
+        }))
     }
 
     #[test]

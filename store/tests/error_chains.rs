@@ -4,7 +4,9 @@
 use std::error::Error;
 
 use chrono::Utc;
-use domain::{EventEnvelope, EventMeta, Note, OrderCancelled, OrderEvent, OrderId, Upcasters};
+use domain::{
+    CancelOrder, EventEnvelope, EventMeta, Note, OrderCancelled, OrderEvent, OrderId, Upcasters,
+};
 use serde_json::json;
 use store::{AppendError, CommandError, LoadError};
 use uuid::Uuid;
@@ -19,9 +21,9 @@ fn sqlx_error() -> sqlx::Error {
 
 /// A real decode failure: a stored payload that is not an `order.cancelled`.
 fn undecodable() -> LoadError {
-    let event = OrderEvent::Cancelled(OrderCancelled {
+    let event = OrderEvent::Cancelled(OrderCancelled::from_command(&CancelOrder {
         reason: Note::parse("changed my mind").expect("note"),
-    });
+    }));
     let meta = EventMeta {
         event_id: Uuid::now_v7(),
         occurred_at: Utc::now(),

@@ -148,10 +148,10 @@ async fn a_stale_expected_version_is_a_conflict_and_writes_nothing(pool: PgPool)
         .execute(id, &place_command(), &CommandContext::default())
         .await
         .expect("place");
-    let paid = OrderEvent::Paid(domain::OrderPaid {
+    let paid = OrderEvent::Paid(domain::OrderPaid::from_command(&PayOrder {
         amount_cents: Cents::new(3000).expect("c"),
         payment_ref: None,
-    });
+    }));
 
     // Behind: version 1 is taken.
     let behind = append(

@@ -1,6 +1,6 @@
 //! `waybill schema`: the event catalog — every payload's JSON Schema, and an AsyncAPI document of the
 //! stream's subjects, headers and messages; `tool` runs the command and its subcommands (`show`,
-//! `diff`, `new-version`), `diff` compares two versions of a payload.
+//! `diff`), `diff` compares two versions of a payload.
 
 pub mod diff;
 pub mod tool;

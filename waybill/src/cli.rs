@@ -63,7 +63,7 @@ pub enum Command {
     #[command(disable_help_flag = true)]
     Bench(HandedOver),
     /// The event catalog: every payload's JSON Schema, or (with --asyncapi) an AsyncAPI document of the
-    /// stream's subjects, headers and messages; `show`, `diff` and `new-version` explore and extend it.
+    /// stream's subjects, headers and messages; `show` and `diff` explore it.
     Schema(SchemaArgs),
     /// Inspect and repair the outbox: status, dead rows, purge (the same as `waybill-relay`), and
     /// verify or repair the stream against the event store.
@@ -141,13 +141,13 @@ pub struct SchemaArgs {
     pub command: Option<SchemaCommand>,
 }
 
-/// `waybill schema show|diff|new-version`.
+/// `waybill schema show|diff`.
 #[derive(Debug, Subcommand)]
 pub enum SchemaCommand {
-    /// Print the JSON Schema of one payload version, or (with --write DIR) write it to
-    /// DIR/<type>.v<N>.schema.json exactly as it is committed under domain/schemas/.
+    /// Print the JSON Schema of one payload version, exactly as it is committed under
+    /// domain/schemas/ (maintainers write that file with `cargo xtask write-schema`).
     ///
-    /// Example: waybill schema show order.placed --version 2 --write domain/schemas
+    /// Example: waybill schema show order.placed --version 2
     // `--version` is the payload version here, not this program's.
     #[command(disable_version_flag = true)]
     Show(SchemaShowArgs),
@@ -156,26 +156,16 @@ pub enum SchemaCommand {
     ///
     /// Example: waybill schema diff order.placed 1 2 --json
     Diff(SchemaDiffArgs),
-    /// Scaffold the next version of an event type: its schema and golden fixture, copied from the
-    /// current version, then the checklist of what is left to do by hand. Never overwrites a file.
-    ///
-    /// Example: waybill schema new-version order.placed
-    NewVersion(SchemaNewVersionArgs),
 }
 
 /// `waybill schema show`.
 #[derive(Debug, Args)]
 pub struct SchemaShowArgs {
-    /// The event type, e.g. order.placed.
+    /// The event type, e.g. order.placed or customer.renamed.
     pub event_type: String,
     /// The payload version [default: the type's current version].
     #[arg(long = "version", value_name = "N")]
     pub version: Option<i32>,
-    /// Write the schema to DIR/<type>.v<N>.schema.json (the committed file's name and bytes) and print
-    /// its path, instead of printing the schema. Refuses to change a released version's file
-    /// (DIR/released.json).
-    #[arg(long, value_name = "DIR")]
-    pub write: Option<std::path::PathBuf>,
 }
 
 /// `waybill schema diff`.
@@ -189,17 +179,6 @@ pub struct SchemaDiffArgs {
     /// The version to compare to.
     #[arg(value_name = "B")]
     pub to: i32,
-}
-
-/// `waybill schema new-version`.
-#[derive(Debug, Args)]
-pub struct SchemaNewVersionArgs {
-    /// The event type, e.g. order.placed.
-    pub event_type: String,
-    /// The domain crate's folder, holding schemas/ and fixtures/ [default: the workspace's domain/,
-    /// found from the current directory upwards].
-    #[arg(long, value_name = "DOMAIN_DIR")]
-    pub dir: Option<std::path::PathBuf>,
 }
 
 /// `waybill serve`.

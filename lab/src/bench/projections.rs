@@ -121,19 +121,19 @@ async fn fill_stream(js: &jetstream::Context, prefix: &str, events: usize) -> an
         let OrderEvent::Placed(p) = &placed else {
             anyhow::bail!("placing an order did not give order.placed")
         };
-        let paid = OrderEvent::Paid(domain::OrderPaid {
+        let paid = OrderEvent::Paid(domain::OrderPaid::from_command(&domain::PayOrder {
             amount_cents: domain::Cents::new(p.total_cents)?,
             payment_ref: None,
-        });
+        }));
         let last = if i % 3 == 2 {
-            OrderEvent::Cancelled(domain::OrderCancelled {
+            OrderEvent::Cancelled(domain::OrderCancelled::from_command(&domain::CancelOrder {
                 reason: domain::Note::parse("bench")?,
-            })
+            }))
         } else {
-            OrderEvent::Shipped(domain::OrderShipped {
+            OrderEvent::Shipped(domain::OrderShipped::from_command(&domain::ShipOrder {
                 carrier: domain::Note::parse("DHL")?,
                 tracking_number: domain::Note::parse("T")?,
-            })
+            }))
         };
         for (version, event) in [placed, paid, last].iter().enumerate() {
             if envelopes.len() < events {

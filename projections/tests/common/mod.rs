@@ -123,23 +123,23 @@ pub fn placed(customer: &str, lines: &[&str]) -> OrderEvent {
 }
 
 pub fn paid(cents: i64) -> OrderEvent {
-    OrderEvent::Paid(domain::OrderPaid {
+    OrderEvent::Paid(domain::OrderPaid::from_command(&domain::PayOrder {
         amount_cents: domain::Cents::new(cents).expect("cents"),
         payment_ref: None,
-    })
+    }))
 }
 
 pub fn cancelled() -> OrderEvent {
-    OrderEvent::Cancelled(domain::OrderCancelled {
+    OrderEvent::Cancelled(domain::OrderCancelled::from_command(&domain::CancelOrder {
         reason: domain::Note::parse("changed my mind").expect("note"),
-    })
+    }))
 }
 
 pub fn shipped() -> OrderEvent {
-    OrderEvent::Shipped(domain::OrderShipped {
+    OrderEvent::Shipped(domain::OrderShipped::from_command(&domain::ShipOrder {
         carrier: domain::Note::parse("DHL").expect("note"),
         tracking_number: domain::Note::parse("T1").expect("note"),
-    })
+    }))
 }
 
 pub fn new_order() -> OrderId {
