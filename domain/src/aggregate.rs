@@ -182,6 +182,14 @@ pub enum AnyEvent {
 }
 
 impl AnyEvent {
+    /// Its aggregate type.
+    pub fn aggregate_type(&self) -> &'static str {
+        match self {
+            Self::Order(_) => crate::order::Order::TYPE,
+            Self::Customer(_) => crate::customer::Customer::TYPE,
+        }
+    }
+
     /// The dotted event type.
     pub fn event_type(&self) -> &'static str {
         match self {

@@ -13,9 +13,18 @@ pub fn parse<C: Parser>() -> C {
 
 /// [`parse`] with a command built (or renamed) by the caller.
 pub fn parse_command<C: FromArgMatches>(command: Command) -> C {
+    parse_command_from(command, std::env::args_os())
+}
+
+/// [`parse_command`] of `args` (the program's name first) rather than the process's own: for a
+/// program that hands its arguments on (`waybill-projection <name> …`).
+pub fn parse_command_from<C: FromArgMatches>(
+    command: Command,
+    args: impl IntoIterator<Item = impl Into<std::ffi::OsString> + Clone>,
+) -> C {
     let mut command = hide_env_values(command);
     let matches = command
-        .try_get_matches_from_mut(std::env::args_os())
+        .try_get_matches_from_mut(args)
         .unwrap_or_else(|error| exit(error));
     remember_secrets(&command, &matches);
     C::from_arg_matches(&matches).unwrap_or_else(|error| exit(error.format(&mut command)))

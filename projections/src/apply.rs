@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use domain::{OrderEvent, Upcasters};
+use domain::{AnyEvent, OrderEvent, Upcasters};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -14,7 +14,7 @@ use crate::decode::{Decoded, Poison, RawMessage, decode, decode_message};
 use crate::held::{self, HeldRow};
 use crate::park::{self, ParkError, ParkRecord};
 use crate::plan::{Offer, Outcome, Plan, Slot, Verdict};
-use crate::projection::Projection;
+use crate::projection::{Projection, reads};
 
 /// Why a batch (or a redriven or released message) could not be applied. Nothing of it is committed.
 #[derive(Debug, thiserror::Error)]
@@ -76,12 +76,12 @@ pub(crate) async fn decide_and_apply<P: Projection>(
     force: Option<(Uuid, i64)>,
     on_poison: OnPoison,
 ) -> Result<Vec<(Verdict, Option<String>)>, ApplyError> {
-    let (decoded, poison) = decode_all(messages, upcasters);
+    let (decoded, poison) = decode_all::<P>(messages, upcasters);
 
     let mut aggregates: Vec<Uuid> = decoded
         .iter()
         .flatten()
-        .map(|d| d.order_id.as_uuid())
+        .map(|d| d.aggregate_id)
         .chain(force.map(|(id, _)| id))
         .collect();
     aggregates.sort();
@@ -152,15 +152,17 @@ pub(crate) async fn decide_and_apply<P: Projection>(
     Ok(results)
 }
 
-/// Every message decoded, or `None` with its index and why among the poison.
-fn decode_all(
+/// Every message decoded, or `None` with its index and why among the poison. An event of a type the
+/// projection does not read is poison here: deliveries of such types never reach this (the runner
+/// acknowledges them unread); only a message parked by an older version and redriven can.
+fn decode_all<P: Projection>(
     messages: &[RawMessage],
     upcasters: &Upcasters,
 ) -> (Vec<Option<Decoded>>, Vec<(usize, Poison)>) {
     let mut decoded: Vec<Option<Decoded>> = Vec::with_capacity(messages.len());
     let mut poison: Vec<(usize, Poison)> = Vec::new();
     for (index, message) in messages.iter().enumerate() {
-        match decode_message(message, upcasters) {
+        match decode_message(message, upcasters).and_then(declared::<P>) {
             Ok(event) => decoded.push(Some(event)),
             Err(reason) => {
                 decoded.push(None);
@@ -169,6 +171,25 @@ fn decode_all(
         }
     }
     (decoded, poison)
+}
+
+/// `decoded`, when `P` reads its aggregate type.
+fn declared<P: Projection>(decoded: Decoded) -> Result<Decoded, Poison> {
+    let aggregate_type = decoded.event.aggregate_type();
+    if reads::<P>(aggregate_type) {
+        Ok(decoded)
+    } else {
+        Err(Poison {
+            reason: format!(
+                "aggregate type {aggregate_type} is not read by the {} projection (it reads {})",
+                P::NAME,
+                P::AGGREGATES.join(", ")
+            ),
+            event_id: Some(decoded.event_id),
+            aggregate_id: Some(decoded.aggregate_id),
+            aggregate_version: Some(decoded.aggregate_version),
+        })
+    }
 }
 
 /// Chases the held table behind every checkpoint that moved, until nothing more moves, offering
@@ -216,7 +237,7 @@ async fn apply<P: Projection>(
     taken: &[(HeldRow, Result<Decoded, Poison>)],
     read_versions: &HashMap<Uuid, i64>,
 ) -> Result<(), ApplyError> {
-    let events: Vec<Decoded> = outcome
+    let events: Vec<Decoded<P::Event>> = outcome
         .apply
         .iter()
         .map(|slot| {
@@ -224,7 +245,10 @@ async fn apply<P: Projection>(
                 Slot::Batch(index) => decoded[index].as_ref(),
                 Slot::Held(index) => taken[index].1.as_ref().ok(),
             };
-            event.expect("the plan applies only decoded events").clone()
+            event
+                .expect("the plan applies only decoded events")
+                .narrow::<P::Event>()
+                .expect("only the projection's own aggregate types are decoded for it")
         })
         .collect();
     if !events.is_empty() {
@@ -242,7 +266,7 @@ async fn apply<P: Projection>(
     }
     let last_event: HashMap<Uuid, Uuid> = events
         .iter()
-        .map(|event| (event.order_id.as_uuid(), event.event_id))
+        .map(|event| (event.aggregate_id, event.event_id))
         .collect();
     let written = move_checkpoints(tx, &outcome.checkpoints, &last_event, read_versions)
         .await
@@ -353,20 +377,23 @@ async fn move_checkpoints(
 fn offer(slot: Slot, decoded: &Decoded) -> Offer {
     Offer {
         slot,
-        aggregate_id: decoded.order_id.as_uuid(),
+        aggregate_id: decoded.aggregate_id,
         version: decoded.aggregate_version,
         facts: facts(&decoded.event),
     }
 }
 
-fn facts(event: &OrderEvent) -> Facts {
+/// What later events of the aggregate are checked against: an order's total and payment (no other
+/// aggregate type has such facts yet).
+fn facts(event: &AnyEvent) -> Facts {
     match event {
-        OrderEvent::Placed(placed) => Facts::Placed {
+        AnyEvent::Order(OrderEvent::Placed(placed)) => Facts::Placed {
             total_cents: placed.total_cents,
         },
-        OrderEvent::Paid(paid) => Facts::Paid {
+        AnyEvent::Order(OrderEvent::Paid(paid)) => Facts::Paid {
             amount_cents: paid.amount_cents.get(),
         },
-        OrderEvent::Cancelled(_) | OrderEvent::Shipped(_) => Facts::Other,
+        AnyEvent::Order(OrderEvent::Cancelled(_) | OrderEvent::Shipped(_))
+        | AnyEvent::Customer(_) => Facts::Other,
     }
 }

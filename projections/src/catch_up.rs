@@ -352,7 +352,7 @@ impl<P: Projection> Runner<P> {
         loop {
             let after = snapshot.position();
             let page = snapshot
-                .next_page(self.config.batch_size)
+                .next_page(self.config.batch_size, P::AGGREGATES)
                 .await
                 .map_err(StartError::History)?;
             if page.is_empty() {

@@ -53,11 +53,29 @@ pub async fn main<P: Projection, R: Subcommand + std::fmt::Debug>(
     read_routes: impl FnOnce(PgPool) -> axum::Router,
     read: impl AsyncFnOnce(R, PgPool, bool) -> anyhow::Result<()>,
 ) -> ExitCode {
-    let cli: Cli<R> = ops::command_line::parse_command(
-        Cli::<R>::command()
-            .name(format!("waybill-{}", P::NAME))
-            .about(about),
-    );
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    main_from(
+        args,
+        format!("waybill-{}", P::NAME),
+        projection,
+        about,
+        read_routes,
+        read,
+    )
+    .await
+}
+
+/// [`main`] of `args` (the program's name first) under the command name `name`.
+pub async fn main_from<P: Projection, R: Subcommand + std::fmt::Debug>(
+    args: Vec<std::ffi::OsString>,
+    name: String,
+    projection: P,
+    about: &'static str,
+    read_routes: impl FnOnce(PgPool) -> axum::Router,
+    read: impl AsyncFnOnce(R, PgPool, bool) -> anyhow::Result<()>,
+) -> ExitCode {
+    let cli: Cli<R> =
+        ops::command_line::parse_command_from(Cli::<R>::command().name(name).about(about), args);
     ops::init_logging("info,sqlx=warn,async_nats=warn");
     let outcome = match cli.command {
         Command::Common(common) => {

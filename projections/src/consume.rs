@@ -12,11 +12,11 @@ use futures::StreamExt;
 
 use crate::blame::{Blame, blame, retry_delay};
 use crate::consumer::BrokerError;
-use crate::decode::{Poison, RawMessage};
+use crate::decode::{Poison, RawMessage, subject_aggregate_type};
 use crate::metrics;
 use crate::park::{self, ParkRecord};
 use crate::plan::Verdict;
-use crate::projection::Projection;
+use crate::projection::{Projection, reads};
 use crate::runner::{Runner, Tally};
 use crate::schema::SchemaError;
 
@@ -214,10 +214,19 @@ impl<P: Projection> Runner<P> {
     async fn handle(&self, partition: u32, delivered: Vec<jetstream::Message>) -> Tally {
         let started = Instant::now();
         let partitions = &self.config.partitions;
+        // Events of aggregate types this projection does not read are acknowledged unread: never
+        // decoded, parked or held (a subject of another shape is decoded, and parked if it is not
+        // an event).
+        let prefix = self.config.subject_prefix.as_str();
+        let (delivered, other_types): (Vec<_>, Vec<_>) =
+            delivered.into_iter().partition(|message| {
+                subject_aggregate_type(prefix, &message.subject)
+                    .is_none_or(|aggregate_type| reads::<P>(aggregate_type))
+            });
         let (batch, others): (Vec<_>, Vec<_>) = delivered
             .into_iter()
             .partition(|message| partitions.of_subject(&message.subject) == partition);
-        for message in &others {
+        for message in others.iter().chain(&other_types) {
             if let Err(error) = message.ack().await {
                 // A lost ack means a redelivery, skipped again.
                 tracing::debug!(error = %ops::error_chain(error.as_ref()), "ack failed");
@@ -225,8 +234,12 @@ impl<P: Projection> Runner<P> {
         }
         let mut tally = Tally {
             skipped: others.len() as u64,
+            other_types: other_types.len() as u64,
             ..Tally::default()
         };
+        if !other_types.is_empty() {
+            metrics::record_other_types(P::NAME, tally.other_types);
+        }
         if !others.is_empty() {
             metrics::record_skipped(P::NAME, partitions.label(partition), tally.skipped);
         }

@@ -9,23 +9,75 @@
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use chrono::{DateTime, NaiveDate, Utc};
-use domain::{EventEnvelope, OrderEvent, OrderId, Upcasters, wire};
+use domain::{AnyEvent, CustomerEvent, EventEnvelope, OrderEvent, OrderId, Upcasters, wire};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
+/// The events a projection takes: those of one aggregate type (`OrderEvent`, `CustomerEvent`), or of
+/// any ([`AnyEvent`]). The runner hands a projection only the aggregate types it declares
+/// ([`crate::Projection::AGGREGATES`]), each narrowed to its event type.
+pub trait ProjectionEvent: Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static {
+    /// The event, if it is of this type.
+    fn from_any(event: AnyEvent) -> Option<Self>;
+}
+
+impl ProjectionEvent for AnyEvent {
+    fn from_any(event: AnyEvent) -> Option<Self> {
+        Some(event)
+    }
+}
+
+impl ProjectionEvent for OrderEvent {
+    fn from_any(event: AnyEvent) -> Option<Self> {
+        match event {
+            AnyEvent::Order(event) => Some(event),
+            AnyEvent::Customer(_) => None,
+        }
+    }
+}
+
+impl ProjectionEvent for CustomerEvent {
+    fn from_any(event: AnyEvent) -> Option<Self> {
+        match event {
+            AnyEvent::Customer(event) => Some(event),
+            AnyEvent::Order(_) => None,
+        }
+    }
+}
+
 /// An event ready to apply: upcast to the current shape and decoded.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Decoded {
+pub struct Decoded<E = AnyEvent> {
     /// The event id (idempotency key of ledgers).
     pub event_id: Uuid,
-    /// The order.
-    pub order_id: OrderId,
-    /// Its position in the order's stream.
+    /// Its aggregate's id.
+    pub aggregate_id: Uuid,
+    /// Its position in the aggregate's stream.
     pub aggregate_version: i64,
     /// When it happened (within PostgreSQL's `timestamptz` range: checked at decode).
     pub occurred_at: DateTime<Utc>,
     /// What happened, in the current shape.
-    pub event: OrderEvent,
+    pub event: E,
+}
+
+impl<E> Decoded<E> {
+    /// The aggregate's id as an order's (for projections of orders).
+    pub fn order_id(&self) -> OrderId {
+        OrderId::from_uuid(self.aggregate_id)
+    }
+}
+
+impl Decoded {
+    /// The event as `E`'s, if it is one (a projection sees only the types it reads).
+    pub fn narrow<E: ProjectionEvent>(&self) -> Option<Decoded<E>> {
+        Some(Decoded {
+            event_id: self.event_id,
+            aggregate_id: self.aggregate_id,
+            aggregate_version: self.aggregate_version,
+            occurred_at: self.occurred_at,
+            event: E::from_any(self.event.clone())?,
+        })
+    }
 }
 
 /// A message that cannot be applied by this code, with why.
@@ -132,6 +184,14 @@ impl RawMessage {
     }
 }
 
+/// The aggregate type a subject `<prefix>.<aggregate type>.<aggregate id>` names, or `None` when the
+/// subject has another shape (then the message is decoded, and parked if it is not an event).
+pub fn subject_aggregate_type<'a>(prefix: &str, subject: &'a str) -> Option<&'a str> {
+    let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
+    let (aggregate_type, id) = rest.split_once('.')?;
+    (!id.contains('.') && !aggregate_type.is_empty()).then_some(aggregate_type)
+}
+
 /// Decodes a message received from the stream: the body (see [`decode`]), then the trust checks that
 /// tie the message's headers and subject to its body.
 pub fn decode_message(message: &RawMessage, upcasters: &Upcasters) -> Result<Decoded, Poison> {
@@ -149,7 +209,7 @@ fn decode_envelope(body: &[u8], upcasters: &Upcasters) -> Result<(EventEnvelope,
     let envelope = EventEnvelope::from_json(body)
         .map_err(|e| Poison::garbage(format!("undecodable body: {}", ops::error_chain(&e))))?;
     let event = envelope
-        .decode(upcasters)
+        .decode_any(upcasters)
         .map_err(|e| Poison::of(&envelope, ops::error_chain(&e)))?;
     if envelope.aggregate_version < 1 {
         return Err(Poison::of(
@@ -165,7 +225,7 @@ fn decode_envelope(body: &[u8], upcasters: &Upcasters) -> Result<(EventEnvelope,
         .map_err(|reason| Poison::of(&envelope, reason))?;
     let decoded = Decoded {
         event_id: envelope.event_id,
-        order_id: OrderId::from_uuid(envelope.aggregate_id),
+        aggregate_id: envelope.aggregate_id,
         aggregate_version: envelope.aggregate_version,
         occurred_at: envelope.occurred_at,
         event,
@@ -189,7 +249,20 @@ fn check_time(at: DateTime<Utc>) -> Result<(), String> {
 }
 
 /// The domain's own bounds, which a decoded payload does not enforce by its types alone.
-fn check_bounds(event: &OrderEvent, version: i64) -> Result<(), String> {
+fn check_bounds(event: &AnyEvent, version: i64) -> Result<(), String> {
+    let event = match event {
+        AnyEvent::Order(event) => event,
+        AnyEvent::Customer(event) => {
+            let is_registered = matches!(event, CustomerEvent::Registered(_));
+            if is_registered != (version == 1) {
+                return Err(format!(
+                    "{} at aggregate version {version}: a customer's first event, and only its first, is customer.registered",
+                    domain::DomainEvent::event_type(event)
+                ));
+            }
+            return Ok(());
+        }
+    };
     let is_placed = matches!(event, OrderEvent::Placed(_));
     if is_placed != (version == 1) {
         return Err(format!(
@@ -235,11 +308,20 @@ fn check_routing(message: &RawMessage, envelope: &EventEnvelope) -> Result<(), S
             envelope.event_id
         ));
     }
-    let last_token = message.subject.rsplit('.').next().unwrap_or_default();
+    let mut tokens = message.subject.rsplit('.');
+    let last_token = tokens.next().unwrap_or_default();
     if Uuid::parse_str(last_token).ok() != Some(envelope.aggregate_id) {
         return Err(format!(
             "subject {:?} names aggregate {last_token:?}, the body {}",
             message.subject, envelope.aggregate_id
+        ));
+    }
+    // The aggregate type, too: the runner routes by it before decoding.
+    let type_token = tokens.next().unwrap_or_default();
+    if type_token != envelope.aggregate_type {
+        return Err(format!(
+            "subject {:?} names aggregate type {type_token:?}, the body {:?}",
+            message.subject, envelope.aggregate_type
         ));
     }
     let expected = [
@@ -285,6 +367,27 @@ pub fn relay_headers(envelope: &EventEnvelope) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subject_names_its_aggregate_type_only_in_the_contracted_shape() {
+        let id = Uuid::from_u128(3);
+        assert_eq!(
+            subject_aggregate_type("waybill.events", &format!("waybill.events.customer.{id}")),
+            Some("customer")
+        );
+        for other in [
+            "waybill.events.garbage".to_owned(),
+            format!("waybill.events.a.b.{id}"),
+            format!("waybill.eventsx.order.{id}"),
+            format!("waybill.events..{id}"),
+        ] {
+            assert_eq!(
+                subject_aggregate_type("waybill.events", &other),
+                None,
+                "{other}"
+            );
+        }
+    }
     use serde_json::json;
 
     fn envelope_json(event_type: &str, version: i32, payload: Value) -> Value {
@@ -353,7 +456,7 @@ mod tests {
             json!({"order_no": "A-1", "amount_cents": 500}),
         );
         let decoded = decode(&body, &Upcasters::orders()).expect("decodes");
-        let OrderEvent::Placed(placed) = decoded.event else {
+        let AnyEvent::Order(OrderEvent::Placed(placed)) = decoded.event else {
             panic!("not placed")
         };
         assert_eq!(placed.total_cents, 500);

@@ -119,7 +119,7 @@ pub(crate) async fn hold(
          SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::uuid[], $4::int8[], $5::text[], $6::bytea[], $7::bytea[])
          ON CONFLICT (aggregate_id, version) DO NOTHING",
     )
-    .bind(messages.iter().map(|(_, d)| d.order_id.as_uuid()).collect::<Vec<_>>())
+    .bind(messages.iter().map(|(_, d)| d.aggregate_id).collect::<Vec<_>>())
     .bind(messages.iter().map(|(_, d)| d.aggregate_version).collect::<Vec<_>>())
     .bind(messages.iter().map(|(_, d)| d.event_id).collect::<Vec<_>>())
     .bind(messages.iter().map(|(m, _)| park::sequence(m)).collect::<Vec<_>>())

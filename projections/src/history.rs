@@ -151,19 +151,22 @@ impl Snapshot {
         })
     }
 
-    /// The next `limit` events by position (empty at the end). Keyset pagination on the primary
-    /// key: each page is one index range, however far the catch-up is.
+    /// The next `limit` events of the aggregate types `types` by position (empty at the end). Keyset
+    /// pagination on the primary key: each page is one index range, however far the catch-up is.
     pub(crate) async fn next_page(
         &mut self,
         limit: usize,
+        types: &[&str],
     ) -> Result<Vec<StoredEvent>, HistoryError> {
         let page: Vec<StoredEvent> = sqlx::query_as(
             "SELECT position, event_id, event_type, event_version, aggregate_type, aggregate_id,
                     aggregate_version, occurred_at, correlation_id, causation_id, payload
-             FROM events WHERE position > $1 ORDER BY position LIMIT $2",
+             FROM events WHERE position > $1 AND aggregate_type = ANY($3)
+             ORDER BY position LIMIT $2",
         )
         .bind(self.after)
-        .bind(limit.max(1) as i64)
+        .bind(i64::try_from(limit.max(1)).unwrap_or(i64::MAX))
+        .bind(types)
         .fetch_all(&mut *self.tx)
         .await
         .map_err(HistoryError::Read)?;
@@ -177,4 +180,35 @@ impl Snapshot {
     pub(crate) fn position(&self) -> i64 {
         self.after
     }
+}
+
+/// Every event of the aggregate types `types` in the event store (reached through `pool`'s search
+/// path), by position — each aggregate's in version order — decoded as `E`. For a model's pure fold
+/// ([`crate::kit::ReadModel::expected`]); an event that does not decode is an error here, not poison:
+/// the store holds only what the command side wrote.
+pub async fn store_events<E: crate::decode::ProjectionEvent>(
+    pool: &PgPool,
+    types: &[&str],
+) -> anyhow::Result<Vec<crate::decode::Decoded<E>>> {
+    let rows: Vec<StoredEvent> = sqlx::query_as(
+        "SELECT position, event_id, event_type, event_version, aggregate_type, aggregate_id,
+                aggregate_version, occurred_at, correlation_id, causation_id, payload
+         FROM events WHERE aggregate_type = ANY($1) ORDER BY position",
+    )
+    .bind(types)
+    .fetch_all(pool)
+    .await?;
+    let upcasters = domain::Upcasters::all();
+    rows.into_iter()
+        .map(|row| {
+            let (id, version) = (row.event_id, row.aggregate_version);
+            let message = row.message("");
+            let decoded = crate::decode::decode(&message.body, &upcasters).map_err(|poison| {
+                anyhow::anyhow!("event {id} (version {version}): {}", poison.reason)
+            })?;
+            decoded
+                .narrow::<E>()
+                .ok_or_else(|| anyhow::anyhow!("event {id} is not of the model's event type"))
+        })
+        .collect()
 }

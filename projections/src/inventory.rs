@@ -72,13 +72,21 @@ impl Projection for Inventory {
             lines    JSONB NOT NULL
         );";
 
-    async fn apply(&self, tx: &mut PgConnection, events: &[Decoded]) -> sqlx::Result<()> {
+    const AGGREGATES: &'static [&'static str] = &["order"];
+
+    type Event = OrderEvent;
+
+    async fn apply(
+        &self,
+        tx: &mut PgConnection,
+        events: &[Decoded<OrderEvent>],
+    ) -> sqlx::Result<()> {
         let mut orders = load_orders(tx, events).await?;
         // Sorted by SKU, so concurrent writers always lock stock rows in the same order.
         let mut deltas: BTreeMap<String, Delta> = BTreeMap::new();
         let mut changed: Vec<Uuid> = Vec::new();
         for decoded in events {
-            let id = decoded.order_id.as_uuid();
+            let id = decoded.aggregate_id;
             let order = orders.get_mut(&id);
             let open = |o: &OrderLines| matches!(o.status, OrderStatus::Placed | OrderStatus::Paid);
             match (&decoded.event, order) {
@@ -141,7 +149,7 @@ impl Projection for Inventory {
 
 async fn load_orders(
     tx: &mut PgConnection,
-    events: &[Decoded],
+    events: &[Decoded<OrderEvent>],
 ) -> sqlx::Result<HashMap<Uuid, OrderLines>> {
     let ids = orders_to_load(events);
     if ids.is_empty() {

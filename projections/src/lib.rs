@@ -1,5 +1,6 @@
 //! Projection services: inventory, loyalty points and a search index, each a separate binary with its
-//! own schema and durable JetStream consumer, built on one shared consumer runner that applies every
+//! own schema and durable JetStream consumer, and the read models of `src/models/` (one file each,
+//! run by `waybill-projection <name>`), all built on one shared consumer runner that applies every
 //! event exactly once in effect and in per-aggregate order.
 
 pub mod accounts;
@@ -14,10 +15,12 @@ pub mod decode;
 mod discards;
 mod handover;
 pub mod held;
-mod history;
+pub mod history;
 pub mod http;
 pub mod inventory;
+pub mod kit;
 pub mod metrics;
+pub mod model_cli;
 pub mod operator_api;
 pub mod park;
 pub mod partition;
@@ -25,6 +28,7 @@ pub mod plan;
 pub mod points;
 pub mod projection;
 mod rebuild;
+pub mod registry;
 pub mod runner;
 pub mod schema;
 pub mod search;

@@ -64,6 +64,10 @@ pub fn describe() {
         "Messages of other partitions, read by this partition's consumer and acknowledged without being applied."
     );
     describe_counter!(
+        "waybill_projection_other_types_total",
+        "Messages of aggregate types the projection does not read, acknowledged without being decoded (never parked, never held)."
+    );
+    describe_counter!(
         "waybill_projection_retried_total",
         "Deliveries the database failed on (connection lost, serialization failure, timeout, no resources, missing privilege): left unacknowledged and delivered again after a growing delay, never parked."
     );
@@ -111,6 +115,12 @@ pub fn record_owned(projection: &'static str, partitions: &crate::partition::Par
 pub fn record_skipped(projection: &'static str, partition: String, skipped: u64) {
     counter!("waybill_projection_partition_skipped_total", "projection" => projection, "partition" => partition)
         .increment(skipped);
+}
+
+/// Counts messages of aggregate types the projection does not read, acknowledged unread.
+pub fn record_other_types(projection: &'static str, messages: u64) {
+    counter!("waybill_projection_other_types_total", "projection" => projection)
+        .increment(messages);
 }
 
 /// Counts deliveries left to the broker because the database failed on them.

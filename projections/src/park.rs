@@ -100,7 +100,7 @@ pub(crate) fn refused(message: &RawMessage, decoded: Option<&Decoded>, reason: &
         Poison {
             reason: reason.to_owned(),
             event_id: decoded.map(|d| d.event_id),
-            aggregate_id: decoded.map(|d| d.order_id.as_uuid()),
+            aggregate_id: decoded.map(|d| d.aggregate_id),
             aggregate_version: decoded.map(|d| d.aggregate_version),
         },
     )

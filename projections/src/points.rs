@@ -67,11 +67,16 @@ struct NewEntry {
 }
 
 impl NewEntry {
-    fn new(decoded: &Decoded, customer_id: &str, points: i64, reason: &'static str) -> Self {
+    fn new(
+        decoded: &Decoded<OrderEvent>,
+        customer_id: &str,
+        points: i64,
+        reason: &'static str,
+    ) -> Self {
         Self {
             event_id: decoded.event_id,
             customer_id: customer_id.to_owned(),
-            order_id: decoded.order_id.as_uuid(),
+            order_id: decoded.aggregate_id,
             points,
             reason,
             occurred_at: decoded.occurred_at,
@@ -110,12 +115,20 @@ impl Projection for Points {
             earned      BIGINT NOT NULL DEFAULT 0
         );";
 
-    async fn apply(&self, tx: &mut PgConnection, events: &[Decoded]) -> sqlx::Result<()> {
+    const AGGREGATES: &'static [&'static str] = &["order"];
+
+    type Event = OrderEvent;
+
+    async fn apply(
+        &self,
+        tx: &mut PgConnection,
+        events: &[Decoded<OrderEvent>],
+    ) -> sqlx::Result<()> {
         let mut orders = load_orders(tx, events).await?;
         let mut ledger: Vec<NewEntry> = Vec::new();
         let mut changed: Vec<Uuid> = Vec::new();
         for decoded in events {
-            let id = decoded.order_id.as_uuid();
+            let id = decoded.aggregate_id;
             match &decoded.event {
                 OrderEvent::Placed(placed) => {
                     orders.insert(
@@ -198,7 +211,7 @@ struct OrderRow {
 
 async fn load_orders(
     tx: &mut PgConnection,
-    events: &[Decoded],
+    events: &[Decoded<OrderEvent>],
 ) -> sqlx::Result<HashMap<Uuid, OrderPoints>> {
     let ids = orders_to_load(events);
     if ids.is_empty() {

@@ -1,6 +1,7 @@
-//! What a projection is: a name (its schema and its durable consumer), its tables, and how it applies a
-//! batch of events. Everything else — consuming, ordering, deduplicating, checkpointing, parking — is
-//! the runner's, shared by all projections.
+//! What a projection is: a name (its schema and its durable consumer), its tables, the aggregate types
+//! it reads, and how it applies a batch of their events. Everything else — consuming, ordering,
+//! deduplicating, checkpointing, parking — is the runner's, shared by all projections. A read model
+//! that applies one event at a time with per-aggregate state is simpler still ([`crate::kit`]).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -9,9 +10,9 @@ use domain::OrderEvent;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::decode::Decoded;
+use crate::decode::{Decoded, ProjectionEvent};
 
-/// A read model built from the order events.
+/// A read model built from the events of the aggregate types it declares.
 pub trait Projection: Send + Sync + 'static {
     /// The schema its tables live in and the name of its durable consumer, e.g. `inventory`.
     const NAME: &'static str;
@@ -19,24 +20,39 @@ pub trait Projection: Send + Sync + 'static {
     /// Idempotent DDL for its own tables, run with `search_path` set to its schema.
     const TABLES: &'static str;
 
+    /// The aggregate types whose events it reads, e.g. `["order"]`. Every other type's message is
+    /// acknowledged without being decoded: never parked, never held (`Tally::other_types`), and a
+    /// catch-up from the event store reads only these types.
+    const AGGREGATES: &'static [&'static str];
+
+    /// Its events: `domain::OrderEvent` when it reads orders alone, `domain::AnyEvent` for several
+    /// types.
+    type Event: ProjectionEvent;
+
     /// Applies `events` inside the runner's transaction. Each event is exactly the next version of its
-    /// order (duplicates and gaps were filtered out), and an order's events come in version order.
+    /// aggregate (duplicates and gaps were filtered out), and an aggregate's events come in version
+    /// order.
     fn apply(
         &self,
         tx: &mut PgConnection,
-        events: &[Decoded],
+        events: &[Decoded<Self::Event>],
     ) -> impl Future<Output = sqlx::Result<()>> + Send;
+}
+
+/// Whether `P` reads events of `aggregate_type`.
+pub fn reads<P: Projection>(aggregate_type: &str) -> bool {
+    P::AGGREGATES.contains(&aggregate_type)
 }
 
 /// The orders of `events` whose stored rows a batch must read: those whose first event in the batch is
 /// not their `order.placed`. A placement starts its order afresh in every projection, so a batch of new
 /// orders reads nothing — a round trip less per batch in the common case.
-pub fn orders_to_load(events: &[Decoded]) -> Vec<Uuid> {
+pub fn orders_to_load(events: &[Decoded<OrderEvent>]) -> Vec<Uuid> {
     let mut seen = HashSet::new();
     events
         .iter()
-        .filter(|e| seen.insert(e.order_id.as_uuid()) && !matches!(e.event, OrderEvent::Placed(_)))
-        .map(|e| e.order_id.as_uuid())
+        .filter(|e| seen.insert(e.aggregate_id) && !matches!(e.event, OrderEvent::Placed(_)))
+        .map(|e| e.aggregate_id)
         .collect()
 }
 
@@ -59,14 +75,14 @@ pub fn parse_status(text: &str) -> Result<domain::OrderStatus, sqlx::Error> {
 
 #[cfg(test)]
 mod tests {
-    use domain::{Cents, OrderId, OrderPaid, OrderPlaced, PayOrder};
+    use domain::{Cents, OrderPaid, OrderPlaced, PayOrder};
 
     use super::*;
 
-    fn event(order: Uuid, version: i64, event: OrderEvent) -> Decoded {
+    fn event(order: Uuid, version: i64, event: OrderEvent) -> Decoded<OrderEvent> {
         Decoded {
             event_id: Uuid::now_v7(),
-            order_id: OrderId::from_uuid(order),
+            aggregate_id: order,
             aggregate_version: version,
             occurred_at: chrono::Utc::now(),
             event,

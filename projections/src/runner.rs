@@ -125,6 +125,10 @@ pub struct Tally {
     /// several partitions, and only then in the JSON).
     #[serde(skip_serializing_if = "is_zero")]
     pub skipped: u64,
+    /// Messages of aggregate types the projection does not read, acked unread (not among
+    /// `messages`; only in the JSON when there were some).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub other_types: u64,
     /// Of `messages`, the events read from the event store's `events` table by a catch-up rather
     /// than delivered by the stream (only in the JSON when there were some).
     #[serde(skip_serializing_if = "is_zero")]
@@ -155,6 +159,7 @@ impl Tally {
         self.held += other.held;
         self.parked += other.parked;
         self.skipped += other.skipped;
+        self.other_types += other.other_types;
         self.from_store += other.from_store;
     }
 }
@@ -200,7 +205,7 @@ impl<P: Projection> Runner<P> {
             upcasters: config
                 .max_versions
                 .iter()
-                .fold(Upcasters::orders(), |upcasters, (event_type, max)| {
+                .fold(Upcasters::all(), |upcasters, (event_type, max)| {
                     upcasters.capped(event_type, *max)
                 }),
             config,

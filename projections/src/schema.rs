@@ -70,7 +70,9 @@ pub enum SchemaError {
 ///   `\u0000`) and at most the first 64 KiB of the body, with its size and SHA-256;
 /// - `operator_log`: who discarded, released or redrove what, when and why;
 /// - `handover`: where each live consumer must continue after a rebuild's swap, written by the swap's
-///   transaction and marked done once the consumer has moved (`handover.rs`).
+///   transaction and marked done once the consumer has moved (`handover.rs`);
+/// - `aggregate_state`: what a read model of `src/models/` remembers of each aggregate, as JSON,
+///   written in the batch's transaction (`kit.rs`; empty for the built-in projections).
 const RUNNER_TABLES: &str = "
     CREATE TABLE IF NOT EXISTS checkpoints (
         aggregate_id UUID        PRIMARY KEY,
@@ -123,6 +125,10 @@ const RUNNER_TABLES: &str = "
         target TEXT        NOT NULL,
         reason TEXT        NOT NULL,
         detail JSONB       NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE IF NOT EXISTS aggregate_state (
+        aggregate_id UUID  PRIMARY KEY,
+        state        JSONB NOT NULL
     );
     CREATE TABLE IF NOT EXISTS handover (
         consumer       TEXT        PRIMARY KEY,
@@ -282,7 +288,7 @@ async fn create(conn: &mut PgConnection, schema: &str, tables: &str) -> Result<(
 }
 
 /// Schema names are ours (`inventory`, `points`, `search`), but they are spliced into DDL: check them.
-fn check_name(schema: &str) -> Result<(), SchemaError> {
+pub(crate) fn check_name(schema: &str) -> Result<(), SchemaError> {
     if schema.is_empty() || !schema.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
         return Err(SchemaError::InvalidName {
             schema: schema.to_owned(),

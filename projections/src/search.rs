@@ -65,11 +65,19 @@ impl Projection for Search {
             RAISE WARNING 'the search index keeps its pending list (occasional ~100 ms stalls): only its owner can run ALTER INDEX orders_document SET (fastupdate = off)';
         END $$;";
 
-    async fn apply(&self, tx: &mut PgConnection, events: &[Decoded]) -> sqlx::Result<()> {
+    const AGGREGATES: &'static [&'static str] = &["order"];
+
+    type Event = OrderEvent;
+
+    async fn apply(
+        &self,
+        tx: &mut PgConnection,
+        events: &[Decoded<OrderEvent>],
+    ) -> sqlx::Result<()> {
         let mut documents = load(tx, &orders_to_load(events)).await?;
         let mut changed: Vec<Uuid> = Vec::new();
         for decoded in events {
-            let id = decoded.order_id.as_uuid();
+            let id = decoded.aggregate_id;
             let status = match &decoded.event {
                 OrderEvent::Placed(placed) => {
                     documents.insert(

@@ -178,8 +178,18 @@ pub async fn balance_of(pool: &PgPool, customer: &str) -> Option<i64> {
 
 /// A projection binary wired to the harness, with `args` after the connection flags.
 pub fn binary(h: &Harness, path: &str, args: &[&str]) -> tokio::process::Command {
+    binary_with(h, path, &[], args)
+}
+
+/// `waybill-projection <model>` wired to the harness, with `args` after the connection flags.
+pub fn model(h: &Harness, name: &str, args: &[&str]) -> tokio::process::Command {
+    binary_with(h, PROJECTION, &[name], args)
+}
+
+fn binary_with(h: &Harness, path: &str, first: &[&str], args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(path);
     command
+        .args(first)
         .args([
             "--database-url",
             &h.url,
@@ -215,3 +225,4 @@ pub async fn run_json(h: &Harness, path: &str, args: &[&str]) -> (i32, serde_jso
 pub const INVENTORY: &str = env!("CARGO_BIN_EXE_waybill-inventory");
 pub const POINTS: &str = env!("CARGO_BIN_EXE_waybill-points");
 pub const SEARCH: &str = env!("CARGO_BIN_EXE_waybill-search");
+pub const PROJECTION: &str = env!("CARGO_BIN_EXE_waybill-projection");
