@@ -72,8 +72,64 @@ pub enum Command {
     /// Least-privilege PostgreSQL roles for the processes (run as the database's owner).
     #[command(subcommand)]
     Roles(RolesCommand),
+    /// Register, rename and show customers (the second aggregate type beside orders).
+    #[command(subcommand)]
+    Customer(CustomerCommand),
     #[command(flatten)]
     Order(OrderCommand),
+}
+
+/// `waybill customer …`.
+#[derive(Debug, Subcommand)]
+pub enum CustomerCommand {
+    /// Register a customer under a handle (the `customer_id` its orders carry).
+    ///
+    /// Example: waybill customer register --customer alice --name "Alice Liddell"
+    Register(CustomerRegisterArgs),
+    /// Give a registered customer a new name.
+    Rename(CustomerRenameArgs),
+    /// Show a customer as folded from its events.
+    Show(CustomerShowArgs),
+}
+
+/// `waybill customer register`.
+#[derive(Debug, Args)]
+pub struct CustomerRegisterArgs {
+    /// The handle, 1–64 characters from [A-Za-z0-9._:-].
+    #[arg(long, value_parser = parse_customer)]
+    pub customer: CustomerId,
+    /// The name to show.
+    #[arg(long, value_parser = |t: &str| Note::required("name", t).map_err(|e| e.to_string()))]
+    pub name: Note,
+    /// A key that makes the command safe to retry (as for orders).
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+}
+
+/// `waybill customer rename`.
+#[derive(Debug, Args)]
+pub struct CustomerRenameArgs {
+    /// The handle.
+    #[arg(long, value_parser = parse_customer)]
+    pub customer: CustomerId,
+    /// The new name.
+    #[arg(long, value_parser = |t: &str| Note::required("name", t).map_err(|e| e.to_string()))]
+    pub name: Note,
+    /// Only rename if the customer is at exactly this version.
+    #[arg(long, value_name = "VERSION")]
+    pub expected_version: Option<i64>,
+}
+
+/// `waybill customer show`.
+#[derive(Debug, Args)]
+pub struct CustomerShowArgs {
+    /// The handle.
+    #[arg(long, value_parser = parse_customer)]
+    pub customer: CustomerId,
+}
+
+fn parse_customer(text: &str) -> Result<CustomerId, String> {
+    CustomerId::parse(text).map_err(|e| e.to_string())
 }
 
 /// `waybill outbox …`.

@@ -5,7 +5,9 @@ use store::CommandError;
 
 /// A command's error as the program ends with it: a refusal (a domain rule said no; nothing was
 /// written) is marked [`ops::Refused`] so that the run exits 2; anything else gets the migrate hint.
-pub fn command_failure(error: CommandError) -> anyhow::Error {
+pub fn command_failure<E: std::error::Error + Send + Sync + 'static>(
+    error: CommandError<E>,
+) -> anyhow::Error {
     if error.is_refusal() {
         ops::Refused::new(error).into()
     } else {

@@ -2,6 +2,7 @@
 
 mod catalog;
 mod cli;
+mod customers;
 mod failure;
 mod migrate;
 mod orders;
@@ -94,6 +95,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Roles(cli::RolesCommand::Create) => {
             roles_create(&cli.database.url, cli.json).await
         }
+        Command::Customer(command) => customer_command(&cli.database.url, command, cli.json).await,
         Command::Order(command) => order_command(&cli.database.url, command, cli.json).await,
     }
 }
@@ -184,6 +186,24 @@ async fn serve(database_url: &str, args: cli::ServeArgs) -> anyhow::Result<()> {
     tracing::info!(api = %api.address, metrics = %telemetry.address, "order service listening");
     tokio::join!(api.stopped(), telemetry.stopped());
     Ok(())
+}
+
+async fn customer_command(
+    database_url: &str,
+    command: cli::CustomerCommand,
+    json: bool,
+) -> anyhow::Result<()> {
+    let pool = ops::database::connect(database_url, "waybill", 2)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(database_url)))?;
+    let store = EventStore::new(pool.clone());
+    let result = match command {
+        cli::CustomerCommand::Register(args) => customers::register(&store, args, json).await,
+        cli::CustomerCommand::Rename(args) => customers::rename(&store, args, json).await,
+        cli::CustomerCommand::Show(args) => customers::show(&store, args, json).await,
+    };
+    pool.close().await;
+    result
 }
 
 async fn order_command(

@@ -13,6 +13,9 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("post", "/orders/{id}/pay"),
     ("post", "/orders/{id}/cancel"),
     ("post", "/orders/{id}/ship"),
+    ("post", "/customers"),
+    ("get", "/customers/{customer_id}"),
+    ("post", "/customers/{customer_id}/rename"),
     ("get", "/openapi.json"),
 ];
 
@@ -84,6 +87,63 @@ fn command(operation_id: &str, summary: &str, body: &str) -> Value {
     })
 }
 
+/// A customer in the body, with `headers`.
+fn customer(description: &str, headers: &[&str]) -> Value {
+    let mut response = order(description, headers);
+    response["content"]["application/json"]["schema"]["$ref"] =
+        json!("#/components/schemas/Customer");
+    response
+}
+
+/// The customer's operations: the second aggregate type, beside the order.
+fn customer_paths() -> Value {
+    let mut register = json!({
+        "201": customer("The registered customer (also the answer to a retry with the same Idempotency-Key)", &["ETag", "Location", "Event-Id", "Idempotent-Replayed"]),
+        "400": problem("Malformed body, Idempotency-Key or X-Correlation-Id"),
+        "409": problem("The handle is registered already"),
+        "413": problem("Body too large"),
+        "415": problem("Body is not application/json"),
+        "422": problem("An invalid handle or a blank name, or an Idempotency-Key reused for another request")
+    });
+    faults(&mut register);
+    let mut show = json!({"200": customer("The customer", &["ETag"]), "400": problem("Malformed handle"), "404": problem("No customer has this handle")});
+    faults(&mut show);
+    let mut rename = json!({
+        "200": customer("The customer after the rename", CHANGED),
+        "400": problem("Malformed body, handle or If-Match"),
+        "404": problem("No customer has this handle"),
+        "409": problem("The customer has that name already, or a race lost too often"),
+        "412": problem("If-Match names a version the customer is no longer at"),
+        "413": problem("Body too large"),
+        "415": problem("Body is not application/json"),
+        "422": problem("A blank name")
+    });
+    faults(&mut rename);
+    let handle = json!({"$ref": "#/components/parameters/CustomerHandle"});
+    json!({
+        "/customers": {"post": {
+            "operationId": "registerCustomer",
+            "summary": "Register a customer under a handle (the customer_id its orders carry)",
+            "parameters": [{"$ref": "#/components/parameters/IdempotencyKey"}, {"$ref": "#/components/parameters/CorrelationId"}],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RegisterCustomerRequest"}}}},
+            "responses": register
+        }},
+        "/customers/{customer_id}": {"get": {
+            "operationId": "getCustomer",
+            "summary": "Read a customer as folded from its events",
+            "parameters": [handle],
+            "responses": show
+        }},
+        "/customers/{customer_id}/rename": {"post": {
+            "operationId": "renameCustomer",
+            "summary": "Give a customer a new name",
+            "parameters": [handle, {"$ref": "#/components/parameters/IfMatch"}, {"$ref": "#/components/parameters/IdempotencyKey"}, {"$ref": "#/components/parameters/CorrelationId"}],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RenameCustomerRequest"}}}},
+            "responses": rename
+        }}
+    })
+}
+
 /// What the order view looks like.
 fn order_example() -> Value {
     json!({
@@ -143,7 +203,7 @@ pub fn document() -> Value {
     faults(&mut place);
     let mut show = json!({"200": order("The order", &["ETag"]), "400": problem("Malformed order id"), "404": problem("Unknown order")});
     faults(&mut show);
-    json!({
+    let mut document = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "waybill order service",
@@ -233,10 +293,33 @@ pub fn document() -> Value {
                 }},
                 "Health": {"type": "object", "required": ["database"], "properties": {
                     "database": {"type": "boolean", "description": "Whether SELECT 1 succeeded"}
+                }},
+                "RegisterCustomerRequest": {"type": "object", "additionalProperties": false, "required": ["customer_id", "name"], "properties": {
+                    "customer_id": string("^[A-Za-z0-9._:-]{1,64}$"),
+                    "name": {"type": "string", "minLength": 1, "maxLength": 200}
+                }},
+                "RenameCustomerRequest": {"type": "object", "additionalProperties": false, "required": ["name"], "properties": {
+                    "name": {"type": "string", "minLength": 1, "maxLength": 200}
+                }},
+                "Customer": {"type": "object", "additionalProperties": false, "required": ["key", "version", "customer_id", "name"], "properties": {
+                    "key": {"type": "string", "format": "uuid", "description": "The customer's aggregate id: UUID v5 of its handle"},
+                    "version": int64(Some(1), None),
+                    "customer_id": {"type": ["string", "null"]},
+                    "name": {"type": ["string", "null"]}
                 }}
             }
         }
-    })
+    });
+    if let (Some(paths), Value::Object(customers)) =
+        (document["paths"].as_object_mut(), customer_paths())
+    {
+        paths.extend(customers);
+    }
+    document["components"]["parameters"]["CustomerHandle"] = json!({
+        "name": "customer_id", "in": "path", "required": true,
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,64}$"}
+    });
+    document
 }
 
 #[cfg(test)]

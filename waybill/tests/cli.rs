@@ -487,3 +487,67 @@ async fn a_corrupt_stored_event_fails_show_naming_the_event_and_saying_each_caus
     }
     testkit::assert_no_clause_repeats(message);
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn customers_are_registered_renamed_and_shown_and_refusals_change_nothing(pool: PgPool) {
+    let url = testkit::database_url(&pool).await;
+    let registered = waybill(
+        &url,
+        &[
+            "customer",
+            "register",
+            "--customer",
+            "alice",
+            "--name",
+            "Alice",
+            "--json",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(registered["aggregate_version"], 1);
+    assert_eq!(registered["customer_id"], "alice");
+    let before = snapshot(&pool).await;
+    for refused in [
+        vec![
+            "customer",
+            "register",
+            "--customer",
+            "alice",
+            "--name",
+            "Again",
+        ],
+        vec!["customer", "register", "--customer", "a b", "--name", "x"],
+        vec!["customer", "register", "--customer", "bob", "--name", "  "],
+        vec!["customer", "rename", "--customer", "nobody", "--name", "N"],
+        vec![
+            "customer",
+            "rename",
+            "--customer",
+            "alice",
+            "--name",
+            "Alice",
+        ],
+        vec!["customer", "show", "--customer", "nobody"],
+    ] {
+        let run = waybill(&url, &refused).await;
+        assert_eq!(run.code, 2, "{refused:?}: {}{}", run.stdout, run.stderr);
+        assert!(!run.stderr.trim().is_empty(), "{refused:?} says why");
+    }
+    assert_eq!(snapshot(&pool).await, before, "refusals wrote nothing");
+    waybill(
+        &url,
+        &["customer", "rename", "--customer", "alice", "--name", "Al"],
+    )
+    .await
+    .ok();
+    let shown = waybill(&url, &["customer", "show", "--customer", "alice", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(
+        (shown["version"].clone(), shown["name"].clone()),
+        (json!(2), json!("Al"))
+    );
+}

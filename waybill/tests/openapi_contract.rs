@@ -606,6 +606,131 @@ async fn every_response_the_service_sends_is_documented(pool: PgPool) {
     )
     .await;
 
+    // The customer's operations.
+    let register = "/customers";
+    let customer = |handle: &str, name: &str| json!({"customer_id": handle, "name": name});
+    let keyed_customer =
+        |key: &str, body: &Value| s.post(register).header("Idempotency-Key", key).json(body);
+    c.expect(
+        201,
+        "post",
+        register,
+        keyed_customer("reg-1", &customer("alice", "Alice")),
+    )
+    .await;
+    let replay = c
+        .expect(
+            201,
+            "post",
+            register,
+            keyed_customer("reg-1", &customer("alice", "Alice")),
+        )
+        .await;
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    c.expect(
+        409,
+        "post",
+        register,
+        s.post(register).json(&customer("alice", "Other")),
+    )
+    .await;
+    c.expect(
+        422,
+        "post",
+        register,
+        s.post(register).json(&customer("alice", " ")),
+    )
+    .await;
+    c.expect(
+        400,
+        "post",
+        register,
+        keyed_customer("", &customer("bob", "Bob")),
+    )
+    .await;
+    let large = s
+        .post(register)
+        .header(json_type.0, json_type.1)
+        .body(too_large());
+    c.expect(413, "post", register, large).await;
+    let text = s
+        .post(register)
+        .header("content-type", "text/plain")
+        .body(customer("bob", "Bob").to_string());
+    c.expect(415, "post", register, text).await;
+    let show_customer = "/customers/{customer_id}";
+    c.expect(200, "get", show_customer, s.get("/customers/alice"))
+        .await;
+    c.expect(400, "get", show_customer, s.get("/customers/no%20spaces"))
+        .await;
+    c.expect(404, "get", show_customer, s.get("/customers/nobody"))
+        .await;
+    let rename = "/customers/{customer_id}/rename";
+    let rename_at = |handle: &str| s.post(&format!("/customers/{handle}/rename"));
+    let not_json = rename_at("alice")
+        .header("content-type", "text/plain")
+        .body("{}");
+    c.expect(415, "post", rename, not_json).await;
+    let malformed = rename_at("alice")
+        .header(json_type.0, json_type.1)
+        .body("{");
+    c.expect(400, "post", rename, malformed).await;
+    c.expect(
+        404,
+        "post",
+        rename,
+        rename_at("nobody").json(&json!({"name": "N"})),
+    )
+    .await;
+    c.expect(
+        422,
+        "post",
+        rename,
+        rename_at("alice").json(&json!({"name": ""})),
+    )
+    .await;
+    c.expect(
+        412,
+        "post",
+        rename,
+        rename_at("alice")
+            .header("If-Match", "\"7\"")
+            .json(&json!({"name": "Al"})),
+    )
+    .await;
+    let large = rename_at("alice")
+        .header(json_type.0, json_type.1)
+        .body(too_large());
+    c.expect(413, "post", rename, large).await;
+    let done = c
+        .expect(
+            200,
+            "post",
+            rename,
+            rename_at("alice")
+                .header("Idempotency-Key", "rename-1")
+                .json(&json!({"name": "Al"})),
+        )
+        .await;
+    let replay = c
+        .expect(
+            200,
+            "post",
+            rename,
+            rename_at("alice")
+                .header("Idempotency-Key", "rename-1")
+                .json(&json!({"name": "Al"})),
+        )
+        .await;
+    assert_eq!(replay.headers["event-id"], done.headers["event-id"]);
+    c.expect(
+        409,
+        "post",
+        rename,
+        rename_at("alice").json(&json!({"name": "Al"})),
+    )
+    .await;
+
     // The telemetry listener.
     c.expect(
         200,
@@ -622,8 +747,19 @@ async fn every_response_the_service_sends_is_documented(pool: PgPool) {
     )
     .await;
 
-    // 503: every order operation waits for the events table, locked here past the request timeout.
-    let operations: [(&str, &str, RequestBuilder); 5] = [
+    // 503: every operation waits for the events table, locked here past the request timeout.
+    let operations: [(&str, &str, RequestBuilder); 8] = [
+        (
+            "post",
+            register,
+            s.post(register).json(&customer("carol", "Carol")),
+        ),
+        ("get", show_customer, s.get("/customers/alice")),
+        (
+            "post",
+            rename,
+            rename_at("alice").json(&json!({"name": "Alice again"})),
+        ),
         ("post", place, s.post(place).json(&order(1))),
         ("get", show, s.get(&a)),
         (
