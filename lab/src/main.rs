@@ -72,7 +72,7 @@ struct NatsAccountsArgs {
 /// `waybill-lab nats-accounts`: renders the accounts file and prints or writes it.
 fn nats_accounts(args: NatsAccountsArgs) -> anyhow::Result<()> {
     let layout = projections::accounts::AccountsLayout {
-        projections: &projections::accounts::PROJECTIONS,
+        projections: projections::accounts::projections(),
         stream: &args.stream,
         subject_prefix: &args.subject_prefix,
         max_partitions: args.max_partitions,

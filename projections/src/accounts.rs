@@ -8,10 +8,11 @@
 
 use std::fmt::Write as _;
 
-use crate::{Inventory, Points, Projection, Search};
-
-/// The projections waybill ships, by name: each one's binary, schema, consumer and NATS user.
-pub const PROJECTIONS: [&str; 3] = [Inventory::NAME, Points::NAME, Search::NAME];
+/// The projections this build knows, by name (`crate::registry`): each one's schema, consumer and
+/// NATS user — a read model added to `src/models/` gets its user when the file is regenerated.
+pub fn projections() -> &'static [&'static str] {
+    &crate::registry::NAMES
+}
 
 /// The highest partition count the shipped accounts file allows (docs/scale-out.md); regenerate the
 /// file with a higher one (`waybill-lab nats-accounts --max-partitions N`) to run more.
@@ -63,7 +64,7 @@ impl Default for AccountsLayout<'static> {
     /// [`SHIPPED_MAX_PARTITIONS`].
     fn default() -> Self {
         Self {
-            projections: &PROJECTIONS,
+            projections: projections(),
             stream: domain::wire::DEFAULT_STREAM,
             subject_prefix: domain::wire::DEFAULT_SUBJECT_PREFIX,
             max_partitions: SHIPPED_MAX_PARTITIONS,

@@ -15,12 +15,17 @@ pub const BUILT_IN: [&str; 3] = ["inventory", "points", "search"];
 
 /// Every projection's name: the built-in ones, then the models.
 pub fn names() -> Vec<&'static str> {
+    NAMES.clone()
+}
+
+/// [`names`], computed once.
+pub static NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
     BUILT_IN
         .iter()
         .copied()
         .chain(MODELS.iter().map(|model| model.name()))
         .collect()
-}
+});
 
 /// The model called `name`, if there is one.
 pub fn model(name: &str) -> Option<&'static dyn crate::kit::Model> {

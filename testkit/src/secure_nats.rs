@@ -53,6 +53,8 @@ impl SecureNats {
             )
             .replace("$WAYBILL_SEARCH_PASSWORD", "\"search-pw\"")
             .replace("$WAYBILL_ADMIN_PASSWORD", "\"admin-pw\"");
+        // Every other user (a read model's, added to the registry): `<name>-pw`.
+        let accounts = other_passwords(&accounts);
         let config = format!(
             "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n{accounts}",
             cert.display(),
@@ -139,4 +141,32 @@ fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
         dir.join("server.pem"),
         dir.join("server-key.pem"),
     )
+}
+
+/// `text` with every remaining `$WAYBILL_<NAME>_PASSWORD` replaced by `"<name>-pw"`: nats-server
+/// refuses a configuration that names an unset variable.
+fn other_passwords(text: &str) -> String {
+    const START: &str = "$WAYBILL_";
+    const END: &str = "_PASSWORD";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(START) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + START.len()..];
+        let name_len = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(after.len());
+        match after[..name_len].strip_suffix(END) {
+            Some(name) => {
+                out.push_str(&format!("\"{}-pw\"", name.to_ascii_lowercase()));
+                rest = &after[name_len..];
+            }
+            None => {
+                out.push_str(START);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
