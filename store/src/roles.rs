@@ -12,7 +12,7 @@
 //!   it reads are granted to it by each projection when it creates its schema (the schema's owner is
 //!   the projection's login, so only it can grant them; `projections::schema`).
 
-use sqlx::PgPool;
+use sqlx::{Acquire, PgPool};
 
 /// The group roles, in the order they are created.
 pub const ROLES: [&str; 4] = [
@@ -30,6 +30,15 @@ pub const CONSOLE_ROLE: &str = "waybill_console";
 /// change.
 const REPLAY_COLUMNS: &str = "status, attempts, next_run_at, dead_at, dead_reason";
 
+/// Whether `error` says the role exists already: `duplicate_object`, or `unique_violation` when a
+/// concurrent `CREATE ROLE` committed first.
+fn created_elsewhere(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "42710" || code == "23505")
+}
+
 /// Creates the group roles when missing and (re)grants exactly their privileges on the database of
 /// `pool`. Idempotent. Returns one line per statement that ran, for the operator.
 pub async fn create_roles(pool: &PgPool) -> sqlx::Result<Vec<String>> {
@@ -44,10 +53,21 @@ pub async fn create_roles(pool: &PgPool) -> sqlx::Result<Vec<String>> {
         if !exists {
             // Role names are our constants, not input: safe to splice.
             let sql = format!("CREATE ROLE {role} NOLOGIN");
-            sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-                .execute(&mut *tx)
-                .await?;
-            done.push(sql);
+            // Roles belong to the cluster, not to this database: another database's migration (or
+            // another process) may create the same role between the check and this statement. Its
+            // role is as good as ours, so under a savepoint a duplicate is taken as done.
+            let mut savepoint = (&mut *tx).begin().await?;
+            match sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                .execute(&mut *savepoint)
+                .await
+            {
+                Ok(_) => {
+                    savepoint.commit().await?;
+                    done.push(sql);
+                }
+                Err(error) if created_elsewhere(&error) => savepoint.rollback().await?,
+                Err(error) => return Err(error),
+            }
         }
     }
     let database: String = sqlx::query_scalar("SELECT current_database()")
