@@ -37,7 +37,7 @@ pub struct StreamConnection {
     #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM, global = true)]
     pub stream: String,
 
-    /// Subject prefix: every event of an aggregate goes to <prefix>.<aggregate type>.<aggregate id>
+    /// Subject prefix: every event of an aggregate goes to `<prefix>.<aggregate type>.<aggregate id>`
     /// (the event type travels in the Waybill-Event-Type header).
     #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX, global = true)]
     pub subject_prefix: String,

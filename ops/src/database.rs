@@ -94,7 +94,7 @@ pub async fn connect_with(
 }
 
 /// Pool options every waybill pool starts from: at most `max_connections`, a 10 s wait for one,
-/// and Nagle's algorithm off on each new connection (see [`crate::nodelay`]).
+/// and Nagle's algorithm off on each new connection (see `nodelay`).
 pub fn pool_options(max_connections: u32) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(max_connections)

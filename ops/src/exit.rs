@@ -49,7 +49,7 @@ pub fn report_failure(error: &anyhow::Error, refused: bool, json_output: bool) -
 /// the previous one already ends with is not printed again (sqlx's errors quote their source in their
 /// own message, e.g. "error communicating with database: refused" over "refused"). A NATS request
 /// that timed out shortly after the server refused this process a permission is named as that
-/// refusal ("permission denied by the NATS server: publish to <subject>"): the server answers a
+/// refusal ("permission denied by the NATS server: publish to SUBJECT"): the server answers a
 /// refused request with nothing but that event, so "timed out" alone would send an operator looking
 /// for a slow server.
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {

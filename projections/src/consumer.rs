@@ -159,7 +159,7 @@ impl<P: Projection> Runner<P> {
 
     /// The projection's durable consumer (its first owned partition's), made ready as `run` makes
     /// it: created when missing (after catching up from the event store), moved where a rebuild
-    /// left it, checked (see [`Runner::open_consumer`]).
+    /// left it, checked (see `Runner::open_consumer`).
     pub async fn consumer(&self) -> Result<PullConsumer, crate::catch_up::StartError> {
         let first = self.config.partitions.owned()[0];
         self.partition_consumer_ready(first).await

@@ -1,5 +1,5 @@
 //! The one runner every projection shares: its settings, its connections, and a batch applied in ONE
-//! transaction ([`crate::apply`]). The rest of it lives beside: the durable consumer in `consumer.rs`,
+//! transaction (`apply.rs`). The rest of it lives beside: the durable consumer in `consumer.rs`,
 //! the message loop in `consume.rs`, where consumers start (the catch-up from the event store) in
 //! `catch_up.rs` and `history.rs`, the checkpoint verdict in `checkpoint.rs` and `plan.rs`, parking
 //! in `park.rs`, the held table in `held.rs`, blue/green rebuilds in `rebuild.rs` with their

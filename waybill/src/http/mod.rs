@@ -2,9 +2,9 @@
 //! orders (place, pay, cancel, ship) and customers (register, rename) — with `Idempotency-Key`
 //! retries, `ETag`/`If-Match` optimistic locking, and RFC 9457 problem details.
 //!
-//! One module a job: [`problem`] (refusals and failures as problems), [`body`] (JSON bodies),
-//! [`headers`] (what a request says in its headers), [`observe`] (logs and metrics), and one module
-//! of routes per aggregate type ([`orders`], [`customers`]).
+//! One module a job: `problem` (refusals and failures as problems), `body` (JSON bodies),
+//! `headers` (what a request says in its headers), `observe` (logs and metrics), and one module
+//! of routes per aggregate type (`orders`, `customers`).
 
 mod body;
 mod customers;
