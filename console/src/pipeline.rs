@@ -11,7 +11,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
-use crate::readside::{self, PROJECTIONS, ProjectionState};
+use crate::readside::{self, ProjectionState};
 use crate::relays::{self, RelayMetricsView};
 use crate::stream::{ConsumerView, StreamSource, StreamView};
 use crate::upstream::Endpoint;
@@ -57,6 +57,11 @@ pub struct ProjectionView {
     pub behind_stream: Option<u64>,
     /// Events stored but not applied by it (stored − applied), when both could be read.
     pub behind_store: Option<i64>,
+    /// The aggregate types it reads.
+    pub reads: &'static [&'static str],
+    /// For a read model of `projections/src/models/`, what it answers (its document is at
+    /// `/console/projections/<name>/document`); `None` for a built-in projection.
+    pub about: Option<&'static str>,
 }
 
 /// Rates over the last seconds, when two samples exist.
@@ -80,7 +85,7 @@ pub struct Snapshot {
     pub outbox_error: Option<String>,
     pub relay: RelayView,
     pub stream: StreamView,
-    /// In [`PROJECTIONS`] order.
+    /// In [`readside::names`] order.
     pub projections: Vec<ProjectionView>,
     /// Rates from the history (filled in by [`History::push`]).
     pub rates: Rates,
@@ -115,9 +120,10 @@ impl Snapshot {
             }
         };
         let relay = read_relay(pool).await;
-        let stream = stream.view(&PROJECTIONS).await;
-        let mut projections = Vec::with_capacity(PROJECTIONS.len());
-        for name in PROJECTIONS {
+        let names = readside::names();
+        let stream = stream.view(names).await;
+        let mut projections = Vec::with_capacity(names.len());
+        for &name in names {
             let state = readside::state(pool, name).await;
             let consumer = stream.consumers.iter().find(|c| c.name == name).cloned();
             let behind_stream = consumer.as_ref().filter(|c| c.found).map(ConsumerView::lag);
@@ -129,6 +135,8 @@ impl Snapshot {
                 state,
                 consumer,
                 behind_stream,
+                reads: projections::registry::aggregates(name).unwrap_or_default(),
+                about: projections::registry::model(name).map(|model| model.about()),
             });
         }
         Self {
@@ -256,7 +264,7 @@ pub struct Sample {
     pub stream_last: Option<u64>,
     /// Outbox rows not yet sent (pending + failed + dead).
     pub unsent: Option<i64>,
-    /// Per projection (in [`PROJECTIONS`] order): events applied, when its tables were read.
+    /// Per projection (in [`readside::names`] order): events applied, when its tables were read.
     pub applied: Vec<Option<i64>>,
     /// Per projection: how far behind (the stream when known, else the store).
     pub lag: Vec<Option<i64>>,
@@ -329,7 +337,7 @@ impl History {
                 .stream_last
                 .zip(base.stream_last)
                 .map(|(now, then)| rate(now as i64, then as i64));
-            for (i, name) in PROJECTIONS.iter().enumerate() {
+            for (i, name) in readside::names().iter().enumerate() {
                 if let (Some(Some(now)), Some(Some(then))) =
                     (sample.applied.get(i), base.applied.get(i))
                 {
@@ -372,7 +380,7 @@ impl History {
                 // A recreated stream starts again from 1: no negative throughput.
                 put("stream", a.saturating_sub(b) as f64);
             }
-            for (i, name) in PROJECTIONS.iter().enumerate() {
+            for (i, name) in readside::names().iter().enumerate() {
                 if let (Some(Some(a)), Some(Some(b))) = (now.applied.get(i), then.applied.get(i)) {
                     put(name, (a - b) as f64);
                 }
@@ -386,7 +394,7 @@ impl History {
                     .or_default()
                     .push((sample.t, unsent as f64));
             }
-            for (i, name) in PROJECTIONS.iter().enumerate() {
+            for (i, name) in readside::names().iter().enumerate() {
                 if let Some(Some(lag)) = sample.lag.get(i) {
                     series
                         .backlog

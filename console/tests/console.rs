@@ -220,14 +220,52 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
     assert_eq!(snapshot["stream"]["messages"], stored);
     assert_eq!(snapshot["outbox"]["pending"], 0);
     assert_eq!(snapshot["outbox"]["dead"], 0);
-    for (i, name) in ["inventory", "points", "search"].iter().enumerate() {
+    // Every projection of the registry, the read models of projections/src/models/ included.
+    let names = projections::registry::names();
+    assert!(
+        names.contains(&"revenue") && names.contains(&"customers"),
+        "{names:?}"
+    );
+    assert_eq!(
+        snapshot["projections"].as_array().map(Vec::len),
+        Some(names.len()),
+        "{snapshot:#}"
+    );
+    for (i, name) in names.iter().enumerate() {
         let projection = &snapshot["projections"][i];
         assert_eq!(projection["name"], *name);
         assert_eq!(projection["found"], true, "{projection:#}");
         assert_eq!(projection["applied"], stored, "{projection:#}");
         assert_eq!(projection["behind_stream"], 0, "{projection:#}");
         assert_eq!(projection["behind_store"], 0, "{projection:#}");
+        let about = projections::registry::model(name).map(|model| model.about());
+        assert_eq!(projection["about"].as_str(), about, "{projection:#}");
     }
+    // Each read model's document, as the console reads it, is what the model says it must be: its
+    // own fold of the event store.
+    for model in projections::registry::MODELS {
+        let answer = service
+            .json(&format!(
+                "/console/api/projections/{}/document",
+                model.name()
+            ))
+            .await;
+        let expected = model.expected(&url).await.expect("the model's fold");
+        assert_eq!(answer["about"], model.about(), "{answer:#}");
+        assert_eq!(answer["document"], expected, "{}: {answer:#}", model.name());
+        assert_ne!(expected, json!([]), "{}: a fold of nothing", model.name());
+    }
+    assert_eq!(
+        service
+            .status("/console/api/projections/inventory/document")
+            .await,
+        404,
+        "a built-in projection has no document here"
+    );
+    assert_eq!(
+        service.status("/console/projections/nope/document").await,
+        404
+    );
     let timeline: Value = service
         .client
         .get(format!("{}/console/api/orders/{legacy}", service.base))
@@ -257,7 +295,7 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
         &["--dump-dom"],
     )
     .await;
-    for (i, name) in ["inventory", "points", "search"].iter().enumerate() {
+    for (i, name) in projections::registry::names().iter().enumerate() {
         let section = text_of(&dom, &format!("projection-{name}"));
         assert!(section.starts_with(name), "{section}");
         assert!(
@@ -269,6 +307,34 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
         assert!(
             dom.contains(&note),
             "{name}'s 'not found' note is shown:\n{dom}"
+        );
+    }
+    for model in projections::registry::MODELS {
+        let section = text_of(&dom, &format!("projection-{}", model.name()));
+        assert!(section.contains(model.about()), "{section}");
+        assert!(
+            dom.contains(&format!(
+                "href=\"/console/projections/{}/document\"",
+                model.name()
+            )),
+            "{dom}"
+        );
+        // Its document page: the model's document, pretty-printed.
+        let page = browse(
+            &chromium,
+            &format!(
+                "{}/console/projections/{}/document",
+                service.base,
+                model.name()
+            ),
+            &["--dump-dom"],
+        )
+        .await;
+        let expected = model.expected(&url).await.expect("the model's fold");
+        assert_eq!(
+            text_of(&page, "document"),
+            serde_json::to_string_pretty(&expected).expect("JSON"),
+            "{page}"
         );
     }
     assert_eq!(text_of(&dom, "events-stored"), grouped(stored), "{dom}");
@@ -284,7 +350,7 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
     assert_eq!(text_of(&dom, "stored-version"), "1");
     assert_eq!(text_of(&dom, "stored-payload"), legacy_payload);
     assert!(dom.contains("order_placed_v1_to_v2"), "{dom}");
-    for name in ["inventory", "points", "search"] {
+    for name in projections::registry::names() {
         assert!(dom.contains(&format!("{name}: applied")), "{name}:\n{dom}");
     }
     assert!(text_of(&dom, "folded").contains("\"total_cents\": 4200"));
