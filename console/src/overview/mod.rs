@@ -224,7 +224,7 @@ fn projections(f: &Fields, s: &Snapshot) -> Markup {
             }
             p.muted.small {
                 "Behind stream: messages its consumer has not settled (from NATS). Behind store: events \
-                 stored minus events applied (from its checkpoints)."
+                 of the aggregate types it reads stored, minus events applied (from its checkpoints)."
             }
         },
     )
