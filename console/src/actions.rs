@@ -131,7 +131,7 @@ impl ProjectionApi {
         let name = readside::known(name.trim()).ok_or_else(|| {
             format!(
                 "{name:?} is not a projection; there are {}",
-                readside::PROJECTIONS.join(", ")
+                readside::names().join(", ")
             )
         })?;
         Ok(Self {
@@ -245,7 +245,7 @@ async fn forward(
         return refusal(
             StatusCode::NOT_FOUND,
             "unknown-projection",
-            &format!("there are {}", readside::PROJECTIONS.join(", ")),
+            &format!("there are {}", readside::names().join(", ")),
         );
     };
     let Some(api) = console.projection_apis.iter().find(|api| api.name == name) else {

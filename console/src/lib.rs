@@ -12,6 +12,7 @@ mod catalog;
 mod database;
 mod html;
 mod lists;
+mod models;
 mod order;
 mod overview;
 mod pipeline;
@@ -155,10 +156,12 @@ pub fn router(database: Database, config: ConsoleConfig) -> Router {
         .route("/console/outbox/dead", get(lists::dead))
         .route("/console/projections/{name}/parked", get(lists::parked))
         .route("/console/projections/{name}/held", get(lists::held))
+        .route("/console/projections/{name}/document", get(models::page))
         .route("/console/assets/{file}", get(assets::serve))
         .route("/console/api/overview", get(overview::api))
         .route("/console/api/orders/{id}", get(order::api))
         .route("/console/api/catalog", get(catalog::api))
+        .route("/console/api/projections/{name}/document", get(models::api))
         .route(
             "/console/api/outbox/dead/replay",
             post(actions::replay_dead),

@@ -145,7 +145,7 @@ fn unknown(console: &Shared, name: &str) -> Response {
         "No such projection",
         &format!(
             "{name:?} is not a projection; there are {}.",
-            readside::PROJECTIONS.join(", ")
+            readside::names().join(", ")
         ),
         console.operator(),
     )

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::catalog::{self, Step};
 use crate::html::{self, Section};
-use crate::readside::{self, OrderMarks, PROJECTIONS};
+use crate::readside::{self, OrderMarks};
 use crate::stream::StreamCopy;
 use crate::{Console, Shared};
 
@@ -120,8 +120,8 @@ async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Erro
     let more_events = rows.len() as i64 > MAX_EVENTS;
     rows.truncate(MAX_EVENTS as usize);
     let upcasters = Upcasters::all();
-    let mut marks: Vec<OrderMarks> = Vec::with_capacity(PROJECTIONS.len());
-    for name in PROJECTIONS {
+    let mut marks: Vec<OrderMarks> = Vec::with_capacity(readside::names().len());
+    for &name in readside::names() {
         marks.push(readside::order_marks(&console.pool, name, order).await);
     }
     let (copies, stream_reason) = if rows.is_empty() {

@@ -11,7 +11,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
-use crate::readside::{self, PROJECTIONS, ProjectionState};
+use crate::readside::{self, ProjectionState};
 use crate::relays::{self, RelayMetricsView};
 use crate::stream::{ConsumerView, StreamSource, StreamView};
 use crate::upstream::Endpoint;
@@ -27,6 +27,9 @@ const RATE_WINDOW_S: f64 = 10.0;
 pub struct EventsView {
     /// Rows in `events`; `None` when they could not be counted (never a misleading 0).
     pub stored: Option<i64>,
+    /// The same rows by aggregate type (`order`, `customer`, …): a projection is behind the store by
+    /// the events of the types it reads only.
+    pub by_type: BTreeMap<String, i64>,
     /// When the newest was recorded.
     pub last_recorded_at: Option<DateTime<Utc>>,
     /// Why they could not be counted.
@@ -55,8 +58,14 @@ pub struct ProjectionView {
     pub consumer: Option<ConsumerView>,
     /// Messages of the stream it has not settled (undelivered + unacknowledged), when known.
     pub behind_stream: Option<u64>,
-    /// Events stored but not applied by it (stored − applied), when both could be read.
+    /// Events of the aggregate types it reads stored but not applied by it (stored − applied), when
+    /// both could be read.
     pub behind_store: Option<i64>,
+    /// The aggregate types it reads.
+    pub reads: &'static [&'static str],
+    /// For a read model of `projections/src/models/`, what it answers (its document is at
+    /// `/console/projections/<name>/document`); `None` for a built-in projection.
+    pub about: Option<&'static str>,
 }
 
 /// Rates over the last seconds, when two samples exist.
@@ -80,7 +89,7 @@ pub struct Snapshot {
     pub outbox_error: Option<String>,
     pub relay: RelayView,
     pub stream: StreamView,
-    /// In [`PROJECTIONS`] order.
+    /// In [`readside::names`] order.
     pub projections: Vec<ProjectionView>,
     /// Rates from the history (filled in by [`History::push`]).
     pub rates: Rates,
@@ -115,20 +124,29 @@ impl Snapshot {
             }
         };
         let relay = read_relay(pool).await;
-        let stream = stream.view(&PROJECTIONS).await;
-        let mut projections = Vec::with_capacity(PROJECTIONS.len());
-        for name in PROJECTIONS {
+        let names = readside::names();
+        let stream = stream.view(names).await;
+        let mut projections = Vec::with_capacity(names.len());
+        for &name in names {
             let state = readside::state(pool, name).await;
             let consumer = stream.consumers.iter().find(|c| c.name == name).cloned();
             let behind_stream = consumer.as_ref().filter(|c| c.found).map(ConsumerView::lag);
+            let reads = projections::registry::aggregates(name).unwrap_or_default();
+            let of_its_types = events.stored.map(|_| {
+                reads
+                    .iter()
+                    .map(|t| events.by_type.get(*t).copied().unwrap_or(0))
+                    .sum::<i64>()
+            });
             projections.push(ProjectionView {
-                behind_store: events
-                    .stored
+                behind_store: of_its_types
                     .zip(state.applied)
                     .map(|(stored, applied)| (stored - applied).max(0)),
                 state,
                 consumer,
                 behind_stream,
+                reads,
+                about: projections::registry::model(name).map(|model| model.about()),
             });
         }
         Self {
@@ -158,9 +176,9 @@ pub struct EventCounter {
 
 #[derive(Debug, Default)]
 struct CounterState {
-    /// Rows with `position <= settled_position`, counted once and final.
+    /// Rows with `position <= settled_position`, counted once and final, by aggregate type.
     settled_position: i64,
-    settled_count: i64,
+    settled_counts: BTreeMap<String, i64>,
     /// The highest position seen by an earlier sample, and when: it becomes the settled boundary
     /// once [`SETTLE_AFTER`] has passed, so late commits below it are still counted.
     candidate: Option<(Instant, i64)>,
@@ -170,8 +188,9 @@ impl EventCounter {
     async fn read(&self, pool: &PgPool) -> EventsView {
         let mut state = self.state.lock().await;
         match Self::count(pool, &mut state).await {
-            Ok((stored, last_recorded_at)) => EventsView {
-                stored: Some(stored),
+            Ok((by_type, last_recorded_at)) => EventsView {
+                stored: Some(by_type.values().sum()),
+                by_type,
                 last_recorded_at,
                 error: None,
             },
@@ -188,36 +207,46 @@ impl EventCounter {
     async fn count(
         pool: &PgPool,
         state: &mut CounterState,
-    ) -> sqlx::Result<(i64, Option<DateTime<Utc>>)> {
+    ) -> sqlx::Result<(BTreeMap<String, i64>, Option<DateTime<Utc>>)> {
         if let Some((seen_at, position)) = state.candidate
             && seen_at.elapsed() >= SETTLE_AFTER
         {
-            let settled: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM events WHERE position > $1 AND position <= $2",
+            let settled: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT aggregate_type, count(*) FROM events
+                 WHERE position > $1 AND position <= $2 GROUP BY aggregate_type",
             )
             .bind(state.settled_position)
             .bind(position)
-            .fetch_one(pool)
+            .fetch_all(pool)
             .await?;
-            state.settled_count += settled;
+            for (aggregate_type, count) in settled {
+                *state.settled_counts.entry(aggregate_type).or_default() += count;
+            }
             state.settled_position = position;
             state.candidate = None;
         }
-        let (above, newest, last_recorded_at) =
-            sqlx::query_as::<_, (i64, Option<i64>, Option<DateTime<Utc>>)>(
-                "SELECT count(*), max(position),
-                        (SELECT recorded_at FROM events ORDER BY position DESC LIMIT 1)
-                 FROM events WHERE position > $1",
-            )
-            .bind(state.settled_position)
-            .fetch_one(pool)
-            .await?;
+        let above: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT aggregate_type, count(*), max(position) FROM events
+             WHERE position > $1 GROUP BY aggregate_type",
+        )
+        .bind(state.settled_position)
+        .fetch_all(pool)
+        .await?;
+        let last_recorded_at: Option<DateTime<Utc>> =
+            sqlx::query_scalar("SELECT recorded_at FROM events ORDER BY position DESC LIMIT 1")
+                .fetch_optional(pool)
+                .await?;
+        let newest = above.iter().map(|(_, _, position)| *position).max();
         if state.candidate.is_none()
             && let Some(newest) = newest
         {
             state.candidate = Some((Instant::now(), newest));
         }
-        Ok((state.settled_count + above, last_recorded_at))
+        let mut counts = state.settled_counts.clone();
+        for (aggregate_type, count, _) in above {
+            *counts.entry(aggregate_type).or_default() += count;
+        }
+        Ok((counts, last_recorded_at))
     }
 }
 
@@ -256,7 +285,7 @@ pub struct Sample {
     pub stream_last: Option<u64>,
     /// Outbox rows not yet sent (pending + failed + dead).
     pub unsent: Option<i64>,
-    /// Per projection (in [`PROJECTIONS`] order): events applied, when its tables were read.
+    /// Per projection (in [`readside::names`] order): events applied, when its tables were read.
     pub applied: Vec<Option<i64>>,
     /// Per projection: how far behind (the stream when known, else the store).
     pub lag: Vec<Option<i64>>,
@@ -329,7 +358,7 @@ impl History {
                 .stream_last
                 .zip(base.stream_last)
                 .map(|(now, then)| rate(now as i64, then as i64));
-            for (i, name) in PROJECTIONS.iter().enumerate() {
+            for (i, name) in readside::names().iter().enumerate() {
                 if let (Some(Some(now)), Some(Some(then))) =
                     (sample.applied.get(i), base.applied.get(i))
                 {
@@ -372,7 +401,7 @@ impl History {
                 // A recreated stream starts again from 1: no negative throughput.
                 put("stream", a.saturating_sub(b) as f64);
             }
-            for (i, name) in PROJECTIONS.iter().enumerate() {
+            for (i, name) in readside::names().iter().enumerate() {
                 if let (Some(Some(a)), Some(Some(b))) = (now.applied.get(i), then.applied.get(i)) {
                     put(name, (a - b) as f64);
                 }
@@ -386,7 +415,7 @@ impl History {
                     .or_default()
                     .push((sample.t, unsent as f64));
             }
-            for (i, name) in PROJECTIONS.iter().enumerate() {
+            for (i, name) in readside::names().iter().enumerate() {
                 if let Some(Some(lag)) = sample.lag.get(i) {
                     series
                         .backlog

@@ -1,20 +1,25 @@
-//! What the console reads from the projections' schemas (`inventory`, `points`, `search`): their
-//! checkpoints, held and parked tables, by schema-qualified SQL. The console does not link the
-//! projections (ARCHITECTURE.md), so this reads their documented tables (DESIGN.md, "Storage
-//! contract") and nothing else. A projection may keep its schema in another database; then its schema
-//! is absent here and the console says so instead of failing.
+//! What the console reads from the projections' schemas (every projection of
+//! `projections::registry`: `inventory`, `points`, `search` and the read models of
+//! `projections/src/models/`): their checkpoints, held and parked tables, by schema-qualified SQL —
+//! their documented tables (DESIGN.md, "Storage contract") and nothing else; of the projections crate
+//! the console uses the registry alone (and a read model's own reading of its document,
+//! `crate::models`). A projection may keep its schema in another database; then its schema is absent
+//! here and the console says so instead of failing.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgPool, Row};
 use uuid::Uuid;
 
-/// The projections, by schema (= consumer, = binary suffix) name.
-pub const PROJECTIONS: [&str; 3] = ["inventory", "points", "search"];
+/// The projections, by schema (= consumer) name: the built-in ones, then every read model of the
+/// registry, so a model file added to `projections/src/models/` is listed with no edit here.
+pub fn names() -> &'static [&'static str] {
+    &projections::registry::NAMES
+}
 
-/// One of [`PROJECTIONS`], or `None`: only these names are ever spliced into SQL.
+/// One of [`names`], or `None`: only these names are ever spliced into SQL.
 pub fn known(name: &str) -> Option<&'static str> {
-    PROJECTIONS.iter().copied().find(|p| *p == name)
+    names().iter().copied().find(|p| *p == name)
 }
 
 /// A projection's state as its tables tell it. The counts are `None` when the schema is absent or
@@ -57,7 +62,7 @@ impl ProjectionState {
     }
 }
 
-/// Whether `schema` (one of [`PROJECTIONS`]) exists with its checkpoints table.
+/// Whether `schema` (one of [`names`]) exists with its checkpoints table.
 async fn exists(pool: &PgPool, schema: &'static str) -> sqlx::Result<bool> {
     sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(format!("\"{schema}\".checkpoints"))

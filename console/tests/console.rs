@@ -176,13 +176,28 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
     let store = EventStore::new(pool.clone());
     lifecycles(&store, LIFECYCLES).await;
     let legacy = legacy_order(&pool).await;
+    // A customer of its own: a projection of orders alone is not behind the store by its event.
+    let customer = domain::CustomerId::parse("customer-1").expect("a handle");
+    let register = domain::CustomerCommand::Register(domain::RegisterCustomer {
+        customer_id: customer.clone(),
+        name: Note::parse("Customer One").expect("a name"),
+    });
+    store
+        .execute(
+            domain::CustomerKey::of(&customer),
+            &register,
+            &CommandContext::default(),
+        )
+        .await
+        .expect("register");
     relay_and_project(&url, &nats.url()).await;
 
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
         .fetch_one(&pool)
         .await
         .expect("count");
-    assert_eq!(stored, LIFECYCLES as i64 * 3 + 1);
+    assert_eq!(stored, LIFECYCLES as i64 * 3 + 1 + 1);
+    let of_orders = stored - 1;
     let legacy_payload: String = sqlx::query_scalar(
         "SELECT payload::text FROM events WHERE aggregate_id = $1 AND aggregate_version = 1",
     )
@@ -220,14 +235,63 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
     assert_eq!(snapshot["stream"]["messages"], stored);
     assert_eq!(snapshot["outbox"]["pending"], 0);
     assert_eq!(snapshot["outbox"]["dead"], 0);
-    for (i, name) in ["inventory", "points", "search"].iter().enumerate() {
+    // Every projection of the registry, the read models of projections/src/models/ included.
+    let names = projections::registry::names();
+    assert!(
+        names.contains(&"revenue") && names.contains(&"customers"),
+        "{names:?}"
+    );
+    assert_eq!(
+        snapshot["projections"].as_array().map(Vec::len),
+        Some(names.len()),
+        "{snapshot:#}"
+    );
+    assert_eq!(snapshot["events"]["by_type"]["customer"], 1, "{snapshot:#}");
+    assert_eq!(
+        snapshot["events"]["by_type"]["order"], of_orders,
+        "{snapshot:#}"
+    );
+    for (i, name) in names.iter().enumerate() {
         let projection = &snapshot["projections"][i];
         assert_eq!(projection["name"], *name);
         assert_eq!(projection["found"], true, "{projection:#}");
-        assert_eq!(projection["applied"], stored, "{projection:#}");
+        let reads = projections::registry::aggregates(name).expect("its types");
+        let of_its_types = if reads.contains(&"customer") {
+            stored
+        } else {
+            of_orders
+        };
+        assert_eq!(projection["applied"], of_its_types, "{projection:#}");
         assert_eq!(projection["behind_stream"], 0, "{projection:#}");
         assert_eq!(projection["behind_store"], 0, "{projection:#}");
+        let about = projections::registry::model(name).map(|model| model.about());
+        assert_eq!(projection["about"].as_str(), about, "{projection:#}");
     }
+    // Each read model's document, as the console reads it, is what the model says it must be: its
+    // own fold of the event store.
+    for model in projections::registry::MODELS {
+        let answer = service
+            .json(&format!(
+                "/console/api/projections/{}/document",
+                model.name()
+            ))
+            .await;
+        let expected = model.expected(&url).await.expect("the model's fold");
+        assert_eq!(answer["about"], model.about(), "{answer:#}");
+        assert_eq!(answer["document"], expected, "{}: {answer:#}", model.name());
+        assert_ne!(expected, json!([]), "{}: a fold of nothing", model.name());
+    }
+    assert_eq!(
+        service
+            .status("/console/api/projections/inventory/document")
+            .await,
+        404,
+        "a built-in projection has no document here"
+    );
+    assert_eq!(
+        service.status("/console/projections/nope/document").await,
+        404
+    );
     let timeline: Value = service
         .client
         .get(format!("{}/console/api/orders/{legacy}", service.base))
@@ -257,11 +321,14 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
         &["--dump-dom"],
     )
     .await;
-    for (i, name) in ["inventory", "points", "search"].iter().enumerate() {
+    for (i, name) in projections::registry::names().iter().enumerate() {
         let section = text_of(&dom, &format!("projection-{name}"));
         assert!(section.starts_with(name), "{section}");
+        let applied = snapshot["projections"][i]["applied"]
+            .as_i64()
+            .expect("a count");
         assert!(
-            section.contains(&format!("applied{}", grouped(stored))),
+            section.contains(&format!("applied{}", grouped(applied))),
             "{section}"
         );
         // The "not found" note is in the page for the script, hidden while the schema exists.
@@ -269,6 +336,34 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
         assert!(
             dom.contains(&note),
             "{name}'s 'not found' note is shown:\n{dom}"
+        );
+    }
+    for model in projections::registry::MODELS {
+        let section = text_of(&dom, &format!("projection-{}", model.name()));
+        assert!(section.contains(model.about()), "{section}");
+        assert!(
+            dom.contains(&format!(
+                "href=\"/console/projections/{}/document\"",
+                model.name()
+            )),
+            "{dom}"
+        );
+        // Its document page: the model's document, pretty-printed.
+        let page = browse(
+            &chromium,
+            &format!(
+                "{}/console/projections/{}/document",
+                service.base,
+                model.name()
+            ),
+            &["--dump-dom"],
+        )
+        .await;
+        let expected = model.expected(&url).await.expect("the model's fold");
+        assert_eq!(
+            text_of(&page, "document"),
+            serde_json::to_string_pretty(&expected).expect("JSON"),
+            "{page}"
         );
     }
     assert_eq!(text_of(&dom, "events-stored"), grouped(stored), "{dom}");
@@ -284,7 +379,7 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
     assert_eq!(text_of(&dom, "stored-version"), "1");
     assert_eq!(text_of(&dom, "stored-payload"), legacy_payload);
     assert!(dom.contains("order_placed_v1_to_v2"), "{dom}");
-    for name in ["inventory", "points", "search"] {
+    for name in projections::registry::names() {
         assert!(dom.contains(&format!("{name}: applied")), "{name}:\n{dom}");
     }
     assert!(text_of(&dom, "folded").contains("\"total_cents\": 4200"));

@@ -78,6 +78,16 @@ async fn the_console_works_as_a_member_of_waybill_console_only(pool: PgPool) {
         }
     }
 
+    // Each read model's document is readable through this role (each model's schema grants the
+    // console the reading of its tables), and is the model's fold of the event store.
+    for model in projections::registry::MODELS {
+        let path = format!("/console/api/projections/{}/document", model.name());
+        let answer = console.json(&path).await;
+        assert_eq!(answer["error"], Value::Null, "{}: {answer:#}", model.name());
+        let expected = model.expected(&url).await.expect("the model's fold");
+        assert_eq!(answer["document"], expected, "{}: {answer:#}", model.name());
+    }
+
     // Every part of the overview was read, none refused.
     let overview = console.json("/console/api/overview").await;
     let snapshot = &overview["snapshot"];
@@ -129,6 +139,8 @@ async fn the_console_works_as_a_member_of_waybill_console_only(pool: PgPool) {
         "DELETE FROM inventory.checkpoints",
         "UPDATE inventory.parked SET discarded_at = now()",
         "SELECT count(*) FROM inventory.stock",
+        "DELETE FROM revenue.revenue",
+        "DELETE FROM customers.aggregate_state",
     ] {
         assert!(denied(as_console, sql).await, "the console may: {sql}");
     }

@@ -80,6 +80,20 @@ async fn the_demo_runs_green_and_its_projections_agree_with_the_event_store() {
     );
     // The verdict's own figures: exit 0 already means no disagreement, this shows which one if not.
     assert!(!stdout.contains("DIFFERS"), "{stdout}");
+    // Every read model of the registry ran beside the built-in projections and has its line in
+    // the verdict: its document agreed with its fold of the event store.
+    assert!(
+        !projections::registry::MODELS.is_empty(),
+        "the registry has no read model to check"
+    );
+    for model in projections::registry::MODELS {
+        let line = format!("  {:<12} ok", model.name());
+        assert!(
+            stdout.lines().any(|l| l == line),
+            "no verdict line {line:?} for the read model {}:\n{stdout}",
+            model.name()
+        );
+    }
     if let Err(fact) = facts {
         panic!("{fact}\n\nthe demo said:\n{stdout}");
     }
@@ -164,8 +178,16 @@ async fn demo_facts(pool: &PgPool, nats_url: &str) -> Result<(), String> {
         ));
     }
 
-    // The projections counted the duplicate once: each parked it instead of applying it.
-    for schema in [Inventory::NAME, Points::NAME, Search::NAME] {
+    // The projections counted the duplicate once: each parked it instead of applying it — the read
+    // models that read orders too.
+    let models = projections::registry::MODELS
+        .iter()
+        .filter(|model| model.aggregates().contains(&"order"))
+        .map(|model| model.name());
+    for schema in [Inventory::NAME, Points::NAME, Search::NAME]
+        .into_iter()
+        .chain(models)
+    {
         let parked: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT count(*) FROM \"{schema}\".parked WHERE stream_sequence = $1"
         )))

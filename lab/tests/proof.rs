@@ -42,6 +42,14 @@ fn a_projection_that_ignores_its_checkpoint_fails_the_verdict() {
             .is_some_and(|m| !m.is_empty()),
         "the inventory applied replays twice, so it differs from the fold: {report:#}"
     );
+    // Every read model of the registry ran too and was judged against its own fold.
+    for model in projections::registry::MODELS {
+        assert!(
+            report["mismatches"][model.name()].is_array(),
+            "the read model {} was not judged: {report:#}",
+            model.name()
+        );
+    }
     // Only the projection is broken: the rest of the pipeline still holds.
     assert_eq!(report["lost"], 0, "{report:#}");
     assert_eq!(report["duplicates_in_stream"], 0, "{report:#}");

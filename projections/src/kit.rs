@@ -128,10 +128,17 @@ pub trait Model: Send + Sync + 'static {
     fn about(&self) -> &'static str;
     /// The aggregate types it reads.
     fn aggregates(&self) -> &'static [&'static str];
+    /// The DDL of its own tables (how its schema's tables are told from the runner's: the console
+    /// may read all of a model's, `crate::schema`).
+    fn tables(&self) -> &'static str;
     /// Its command line (`waybill-projection <name> …`), run to the end.
     fn main(&self, args: Vec<String>) -> BoxFuture<'static, std::process::ExitCode>;
     /// Its read model now, from its schema in the database at `database_url`.
     fn read<'a>(&'a self, database_url: &'a str) -> BoxFuture<'a, anyhow::Result<Value>>;
+    /// Its read model now, read through sessions like `pool`'s (the same server, login and session
+    /// settings: the console's read-only ones) with its schema first on the search path. Creates
+    /// nothing: a login that may only read can call it.
+    fn read_from<'a>(&'a self, pool: &'a PgPool) -> BoxFuture<'a, anyhow::Result<Value>>;
     /// What its read model must be: its own fold of the events of the event store at
     /// `database_url`.
     fn expected<'a>(&'a self, database_url: &'a str) -> BoxFuture<'a, anyhow::Result<Value>>;
@@ -154,6 +161,10 @@ impl<M: ReadModel + Clone> Model for Entry<M> {
         M::AGGREGATES
     }
 
+    fn tables(&self) -> &'static str {
+        M::TABLES
+    }
+
     fn main(&self, args: Vec<String>) -> BoxFuture<'static, std::process::ExitCode> {
         let model = self.0.clone();
         Box::pin(async move { crate::model_cli::model_main(model, args).await })
@@ -164,6 +175,19 @@ impl<M: ReadModel + Clone> Model for Entry<M> {
             let pool = crate::schema::connect(database_url, M::NAME, M::TABLES).await?;
             let read = self.0.read(&pool).await;
             pool.close().await;
+            Ok(read?)
+        })
+    }
+
+    fn read_from<'a>(&'a self, pool: &'a PgPool) -> BoxFuture<'a, anyhow::Result<Value>> {
+        Box::pin(async move {
+            crate::schema::check_name(M::NAME)?;
+            let options = (*pool.connect_options())
+                .clone()
+                .options([("search_path", format!("{},public", M::NAME))]);
+            let reader = ops::database::pool_options(1).connect_with(options).await?;
+            let read = self.0.read(&reader).await;
+            reader.close().await;
             Ok(read?)
         })
     }

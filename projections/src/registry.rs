@@ -27,6 +27,17 @@ pub static NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::
         .collect()
 });
 
+/// The aggregate types the projection `name` reads (built in or a model), if there is one.
+pub fn aggregates(name: &str) -> Option<&'static [&'static str]> {
+    use crate::Projection;
+    match name {
+        crate::Inventory::NAME => Some(crate::Inventory::AGGREGATES),
+        crate::Points::NAME => Some(crate::Points::AGGREGATES),
+        crate::Search::NAME => Some(crate::Search::AGGREGATES),
+        _ => model(name).map(|model| model.aggregates()),
+    }
+}
+
 /// The model called `name`, if there is one.
 pub fn model(name: &str) -> Option<&'static dyn crate::kit::Model> {
     MODELS.iter().copied().find(|model| model.name() == name)
@@ -47,6 +58,10 @@ mod tests {
             assert!(
                 crate::schema::check_name(name).is_ok(),
                 "{name} cannot be a schema name"
+            );
+            assert!(
+                aggregates(name).is_some_and(|types| !types.is_empty()),
+                "{name} reads no aggregate type"
             );
         }
     }

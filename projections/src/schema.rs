@@ -252,14 +252,25 @@ pub async fn replace(tx: &mut PgConnection, from: &str, to: &str) -> Result<(), 
 pub const CONSOLE_ROLE: &str = "waybill_console";
 
 /// Grants the console the reading of the runner tables (inside [`create`]'s transaction, whose
-/// search path is the schema). A login that does not own the schema gets a warning, not a failure to
-/// start: the console then says it may not read them.
-fn console_grants(schema: &str) -> String {
+/// search path is the schema) and, in a read model's schema (`tables` are a model's of the registry),
+/// of every table: the console shows a model's document. A built-in projection's own tables stay
+/// unreadable to it. A login that does not own the schema gets a warning, not a failure to start: the
+/// console then says it may not read them.
+fn console_grants(schema: &str, tables: &str) -> String {
+    let model = crate::registry::MODELS
+        .iter()
+        .any(|model| model.tables() == tables);
+    let model_tables = if model {
+        format!("GRANT SELECT ON ALL TABLES IN SCHEMA \"{schema}\" TO {CONSOLE_ROLE};")
+    } else {
+        String::new()
+    };
     format!(
         "DO $$ BEGIN
              IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{CONSOLE_ROLE}') THEN
                  GRANT USAGE ON SCHEMA \"{schema}\" TO {CONSOLE_ROLE};
                  GRANT SELECT ON checkpoints, held, parked, operator_log TO {CONSOLE_ROLE};
+                 {model_tables}
              END IF;
          EXCEPTION WHEN insufficient_privilege THEN
              RAISE WARNING 'the console cannot be granted the reading of schema {schema}: only its owner can grant it';
@@ -276,7 +287,7 @@ async fn create(conn: &mut PgConnection, schema: &str, tables: &str) -> Result<(
          SET LOCAL search_path = \"{schema}\";
          {RUNNER_TABLES} {tables}
          {grants}",
-        grants = console_grants(schema)
+        grants = console_grants(schema, tables)
     )))
     .execute(&mut *conn)
     .await

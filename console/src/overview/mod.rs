@@ -191,6 +191,11 @@ fn projections(f: &Fields, s: &Snapshot) -> Markup {
                 @let name = p.state.name;
                 section.projection aria-labelledby={ "pj-" (name) } data-testid={ "projection-" (name) } {
                     h3 id={ "pj-" (name) } { (name) }
+                    @if let Some(about) = p.about {
+                        p.small.muted data-testid={ "about-" (name) } {
+                            "read model: " (html::text(about)) " (reads " (p.reads.join(", ")) ")"
+                        }
+                    }
                     (f.when(&format!("{base}.found"), html! {
                         dl {
                             (f.row("applied", &format!("{base}.applied"), Format::Count))
@@ -201,6 +206,9 @@ fn projections(f: &Fields, s: &Snapshot) -> Markup {
                             (f.row("parked", &format!("{base}.parked"), Format::Count))
                         }
                         p.small {
+                            @if p.about.is_some() {
+                                a href={ "/console/projections/" (name) "/document" } { "document" } " · "
+                            }
                             a href={ "/console/projections/" (name) "/parked" } { "parked" } " · "
                             a href={ "/console/projections/" (name) "/held" } { "held" }
                         }
@@ -216,7 +224,7 @@ fn projections(f: &Fields, s: &Snapshot) -> Markup {
             }
             p.muted.small {
                 "Behind stream: messages its consumer has not settled (from NATS). Behind store: events \
-                 stored minus events applied (from its checkpoints)."
+                 of the aggregate types it reads stored, minus events applied (from its checkpoints)."
             }
         },
     )

@@ -139,12 +139,37 @@ pub fn workspace_binary(name: &str) -> PathBuf {
 }
 
 /// Lets each projection's runner apply everything in `stream` (under `prefix`), as a login of
-/// `database_url`, then returns.
+/// `database_url`, then returns: the built-in ones, then every read model of the registry through
+/// its own command line (`waybill-projection <name> run --once`, run in this process).
 pub async fn project_all(database_url: &str, nats: &str, stream: (&str, &str)) {
     use projections::{Inventory, Points, Search};
     project(Inventory, database_url, nats, stream).await;
     project(Points, database_url, nats, stream).await;
     project(Search, database_url, nats, stream).await;
+    for model in projections::registry::MODELS {
+        let args = [
+            &format!("waybill-projection {}", model.name()),
+            "--database-url",
+            database_url,
+            "--nats-url",
+            nats,
+            "--stream",
+            stream.0,
+            "--subject-prefix",
+            stream.1,
+            "run",
+            "--once",
+        ];
+        let code = model
+            .main(args.iter().map(|a| (*a).to_owned()).collect())
+            .await;
+        assert_eq!(
+            code,
+            std::process::ExitCode::SUCCESS,
+            "waybill-projection {} run --once failed",
+            model.name()
+        );
+    }
 }
 
 async fn project<P: projections::Projection>(

@@ -1,6 +1,7 @@
 //! The system under test, as real processes: private PostgreSQL and NATS (one server, or with
 //! `--cluster` a three-node cluster holding the stream in three replicas) that may be crashed and
-//! restarted, the order service, two relays and the three projections (with `--cluster`, each in two
+//! restarted, the order service, two relays, the three projections and every read model of the
+//! registry (`waybill-projection <name> run`; with `--cluster`, each projection and model in two
 //! partition instances), each a child process the harness can kill, freeze, thaw and restart — and
 //! restarts by itself when one exits on its own, as a supervisor would.
 
@@ -346,8 +347,16 @@ impl Fleet {
         }
         run_once(&binaries.relay, &provision, "provision", &env, &logs).await?;
 
+        // The read models of projections/src/models/ run through one binary beside the projections'.
+        let kit = binaries.projections.join("waybill-projection");
+        anyhow::ensure!(
+            kit.is_file() || projections::registry::MODELS.is_empty(),
+            "{} is missing: build every binary first (`cargo build --workspace --bins`)",
+            kit.display()
+        );
         // Every listening port chosen at once, so that no two processes are handed the same one.
-        let instances = PROJECTIONS.len() * partitions as usize;
+        let instances =
+            (PROJECTIONS.len() + projections::registry::MODELS.len()) * partitions as usize;
         let mut ports = testkit::free_ports(2 + 2 + 1 + instances)?.into_iter();
         let mut next_port = move || ports.next().context("more processes than ports chosen");
         let api_port = next_port()?;
@@ -401,14 +410,21 @@ impl Fleet {
         if broken_checkpoint {
             projection_args.push("--ignore-checkpoint".to_owned());
         }
-        for projection in PROJECTIONS {
-            let program = binaries.projections.join(format!("waybill-{projection}"));
+        let built_in = PROJECTIONS.map(|name| {
+            let program = binaries.projections.join(format!("waybill-{name}"));
+            (name, program, Vec::new())
+        });
+        let models = projections::registry::MODELS
+            .iter()
+            .map(|model| (model.name(), kit.clone(), vec![model.name().to_owned()]));
+        for (projection, program, command) in built_in.into_iter().chain(models) {
+            let mut projection_args = [command, projection_args.clone()].concat();
             if partitions == 1 {
                 add(
                     projection,
                     Role::Projection,
                     &program,
-                    projection_args.clone(),
+                    std::mem::take(&mut projection_args),
                 )?;
                 continue;
             }
@@ -490,14 +506,14 @@ impl Fleet {
         self.partitions
     }
 
-    /// Every projection's durable consumers, by projection: the one named after it, or one per
-    /// partition (`<name>-p<K>of<P>`).
+    /// Every projection's durable consumers (the read models' too), by projection: the one named
+    /// after it, or one per partition (`<name>-p<K>of<P>`).
     pub fn consumers(&self) -> Vec<(&'static str, String)> {
         let layout = projections::Partitions::new(self.partitions, &[])
             .unwrap_or_else(|_| projections::Partitions::single());
-        PROJECTIONS
-            .iter()
-            .flat_map(|&projection| {
+        projections::registry::names()
+            .into_iter()
+            .flat_map(|projection| {
                 let layout = layout.clone();
                 (0..layout.count()).map(move |k| (projection, layout.consumer_name(projection, k)))
             })

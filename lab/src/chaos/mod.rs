@@ -267,6 +267,7 @@ async fn exercise(
     let samples = watcher.stop().await;
     let mut verdict = verdict::judge(verdict::Evidence {
         pool: &pool,
+        database_url: &servers.database_url,
         jetstream: &jetstream,
         stream: STREAM,
         fleet: &fleet,

@@ -1,7 +1,8 @@
 //! The verdict, from first principles: what the load saw accepted is in the event store; every stored
 //! event is in the stream exactly once and in its order's version order (read back from the stream);
-//! the projections equal a fold of the event store written here, in a few lines of its own; nothing is
-//! left unsent, dead, parked or held but what `hostile_publish` sent.
+//! the projections equal a fold of the event store written here, in a few lines of its own, and each
+//! read model of the registry its own fold of the event store; nothing is left unsent, dead, parked
+//! or held but what `hostile_publish` sent.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -15,7 +16,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::faults::{FaultKind, Injected};
-use super::fleet::{Fleet, PROJECTIONS};
+use super::fleet::Fleet;
 use super::load::Played;
 use super::watch::Drained;
 
@@ -28,6 +29,8 @@ const CENTS_PER_POINT: i64 = 100;
 pub struct Evidence<'a> {
     /// The event store.
     pub pool: &'a PgPool,
+    /// Its URL (the read models read themselves and fold the store from it).
+    pub database_url: &'a str,
     /// The broker.
     pub jetstream: &'a jetstream::Context,
     /// The stream.
@@ -515,6 +518,7 @@ async fn check_projections(
                 .map(|d| format!("checkpoint of {d}")),
         );
     }
+    check_models(&mut found, evidence, &folded.versions).await?;
     for (name, found) in found {
         if !found.is_empty() {
             verdict.violations.push(format!(
@@ -545,14 +549,57 @@ fn differences<K: Ord + std::fmt::Display, V: PartialEq + std::fmt::Debug>(
         .collect()
 }
 
+/// Each read model's document against its own fold of the event store (the first difference), and,
+/// for a model of orders, its checkpoint of each order against the order's last version.
+async fn check_models(
+    found: &mut Vec<(&'static str, Vec<String>)>,
+    evidence: &Evidence<'_>,
+    versions: &BTreeMap<Uuid, i64>,
+) -> anyhow::Result<()> {
+    for model in projections::registry::MODELS {
+        let name = model.name();
+        let expected = model
+            .expected(evidence.database_url)
+            .await
+            .with_context(|| format!("folding the event store as the {name} read model does"))?;
+        let actual = model
+            .read(evidence.database_url)
+            .await
+            .with_context(|| format!("reading the {name} read model"))?;
+        let mut differing: Vec<String> =
+            projections::model_cli::first_difference(&expected, &actual, "")
+                .into_iter()
+                .map(|d| format!("its document: {d}"))
+                .collect();
+        if model.aggregates().contains(&"order") {
+            // Only orders' checkpoints: a model of several types has others' too.
+            let sql = format!("SELECT aggregate_id, version FROM {name}.checkpoints");
+            let checkpoints: BTreeMap<Uuid, i64> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .fetch_all(evidence.pool)
+                .await
+                .with_context(|| format!("reading {name}.checkpoints"))?
+                .into_iter()
+                .filter(|(id, _)| versions.contains_key(id))
+                .collect();
+            differing.extend(
+                differences(versions, &checkpoints, 0)
+                    .into_iter()
+                    .map(|d| format!("checkpoint of {d}")),
+            );
+        }
+        found.push((name, differing));
+    }
+    Ok(())
+}
+
 async fn check_parked_and_held(
     verdict: &mut Verdict,
     pool: &PgPool,
     injected: &Injected,
 ) -> anyhow::Result<()> {
-    for projection in PROJECTIONS {
+    for projection in projections::registry::names() {
         for (table, counts) in [("parked", &mut verdict.parked), ("held", &mut verdict.held)] {
-            // Both names come from the constant lists above, never from input.
+            // Both names come from the registry and the list above, never from input.
             let sql = format!("SELECT stream_sequence, headers FROM {projection}.{table}");
             let rows: Vec<(Option<i64>, Vec<u8>)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .fetch_all(pool)

@@ -1,6 +1,7 @@
-//! The demo's services: the order service, the console, the relay and the three projections, either
-//! as separate processes (the real shape) or as tasks in this process, each serving HTTP on a free
-//! port.
+//! The demo's services: the order service, the console, the relay, the three built-in projections
+//! and every read model of the registry (`projections/src/models/`), either as separate processes (the
+//! real shape) or as tasks in this process, each serving HTTP on a free port. A read model runs as
+//! `waybill-projection <name> run`; as a task it is that same command line's `main`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -49,11 +50,15 @@ pub struct Fleet {
     pub api: String,
     /// The console's base URL (its pages are under `/console`).
     pub console: String,
-    /// Each projection's name and the base URL of its read API.
+    /// Each projection's name and the base URL of its read API (the read models' too: their
+    /// `GET /state`).
     pub reads: Vec<(&'static str, String)>,
     /// Base URLs answering `/health`: the order service's, the console's, and each projection
     /// process's metrics address (the read APIs serve no `/health`).
     health: Vec<String>,
+    /// URLs that answer 2xx once a service runs that has no `/health` to ask: a read model run as a
+    /// task serves its read API only (its metrics would need a second recorder in this process).
+    ready: Vec<String>,
     wiring: Wiring,
     running: Running,
 }
@@ -63,6 +68,9 @@ enum Running {
     Tasks {
         stop: watch::Sender<bool>,
         tasks: Vec<JoinHandle<()>>,
+        /// The read models' command lines, run to the end: they stop on SIGTERM/Ctrl-C, as their
+        /// process would, so the fleet aborts them when it stops.
+        models: Vec<(&'static str, JoinHandle<std::process::ExitCode>)>,
     },
     Processes {
         children: Vec<(String, tokio::process::Child)>,
@@ -152,13 +160,30 @@ impl Fleet {
         projection!(Inventory, projections::inventory::routes);
         projection!(Points, projections::points::routes);
         projection!(Search, projections::search::routes);
+        let mut models = Vec::new();
+        let mut ready = Vec::new();
+        for model in projections::registry::MODELS {
+            let port = testkit::free_port()?;
+            let mut args = vec![format!("waybill-projection {}", model.name())];
+            args.extend(model_wiring(&wiring));
+            args.extend(["run".to_owned(), "--listen".to_owned()]);
+            args.push(format!("127.0.0.1:{port}"));
+            models.push((model.name(), tokio::spawn(model.main(args))));
+            reads.push((model.name(), format!("http://127.0.0.1:{port}")));
+            ready.push(format!("http://127.0.0.1:{port}/state"));
+        }
         Ok(Self {
             api: format!("http://{api}"),
             console: format!("http://{console}"),
             reads,
             health: vec![format!("http://{api}"), format!("http://{console}")],
+            ready,
             wiring,
-            running: Running::Tasks { stop, tasks },
+            running: Running::Tasks {
+                stop,
+                tasks,
+                models,
+            },
         })
     }
 
@@ -221,11 +246,35 @@ impl Fleet {
             ));
             reads.push((name, format!("http://127.0.0.1:{port}")));
         }
+        // Every read model of the registry, wired as the built-in ones are (by the environment).
+        for model in projections::registry::MODELS {
+            let name = model.name();
+            let process = format!("waybill-projection-{name}");
+            let (port, metrics_port) = (testkit::free_port()?, testkit::free_port()?);
+            let mut projection = command(&binary("waybill-projection")?, &wiring, &logs, &process)?;
+            projection.args([
+                name,
+                "run",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--metrics-listen",
+                &format!("127.0.0.1:{metrics_port}"),
+            ]);
+            health.push(format!("http://127.0.0.1:{metrics_port}"));
+            children.push((
+                process.clone(),
+                projection
+                    .spawn()
+                    .with_context(|| format!("starting {process}"))?,
+            ));
+            reads.push((name, format!("http://127.0.0.1:{port}")));
+        }
         Ok(Self {
             api: format!("http://127.0.0.1:{api_port}"),
             console: format!("http://127.0.0.1:{console_port}"),
             reads,
             health,
+            ready: Vec::new(),
             wiring,
             running: Running::Processes { children, logs },
         })
@@ -286,7 +335,7 @@ impl Fleet {
         let wiring = self.wiring.clone();
         let config = self.relay_config(RELAY_ID);
         match &mut self.running {
-            Running::Tasks { stop, tasks } => {
+            Running::Tasks { stop, tasks, .. } => {
                 let relay = Relay::connect(&wiring.database_url, &wiring.nats_url, config).await?;
                 let mut watcher = stop.subscribe();
                 tasks.push(tokio::spawn(async move {
@@ -323,11 +372,12 @@ impl Fleet {
     }
 
     async fn wait_healthy(&mut self) -> anyhow::Result<()> {
-        for base in self.health.clone() {
+        let urls = self.health.iter().map(|base| format!("{base}/health"));
+        for url in urls.chain(self.ready.iter().cloned()).collect::<Vec<_>>() {
             let running = &mut self.running;
-            wait_for_health(&base, || match running {
+            wait_for_url(&url, || match running {
                 Running::Processes { children, logs } => exited(children, logs),
-                Running::Tasks { .. } => Ok(()),
+                Running::Tasks { models, .. } => ended(models),
             })
             .await?;
         }
@@ -337,7 +387,14 @@ impl Fleet {
     /// Stops everything gracefully (SIGTERM for processes) and returns where the logs are, if any.
     pub async fn stop(self) -> Option<PathBuf> {
         match self.running {
-            Running::Tasks { stop, tasks } => {
+            Running::Tasks {
+                stop,
+                tasks,
+                models,
+            } => {
+                for (_, model) in &models {
+                    model.abort();
+                }
                 let _ = stop.send(true);
                 for task in tasks {
                     let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
@@ -371,13 +428,21 @@ impl Fleet {
 /// wait with its error (a process that exited will never answer).
 pub(super) async fn wait_for_health(
     base: &str,
+    alive: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    wait_for_url(&format!("{base}/health"), alive).await
+}
+
+/// [`wait_for_health`] of any URL.
+async fn wait_for_url(
+    url: &str,
     mut alive: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let client = reqwest::Client::new();
     for _ in 0..300 {
         alive()?;
         if client
-            .get(format!("{base}/health"))
+            .get(url)
             .send()
             .await
             .is_ok_and(|r| r.status().is_success())
@@ -386,7 +451,31 @@ pub(super) async fn wait_for_health(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    anyhow::bail!("{base} did not become healthy within 30 s")
+    anyhow::bail!("{url} did not answer within 30 s")
+}
+
+/// An error naming the first read model task that has ended (it runs until it is stopped).
+fn ended(models: &[(&'static str, JoinHandle<std::process::ExitCode>)]) -> anyhow::Result<()> {
+    match models.iter().find(|(_, task)| task.is_finished()) {
+        Some((name, _)) => anyhow::bail!(
+            "the read model {name} stopped before serving (`waybill-projection {name} run`; its error is logged above)"
+        ),
+        None => Ok(()),
+    }
+}
+
+/// The flags that wire a read model's command line to the demo's database, NATS and stream: in a
+/// task, the environment of this process is not the demo's.
+fn model_wiring(wiring: &Wiring) -> Vec<String> {
+    [
+        ("--database-url", &wiring.database_url),
+        ("--nats-url", &wiring.nats_url),
+        ("--stream", &wiring.stream),
+        ("--subject-prefix", &wiring.subject_prefix),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_owned(), value.clone()])
+    .collect()
 }
 
 /// An error naming the first of `children` that has exited, with the end of its log.

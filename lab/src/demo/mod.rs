@@ -1,5 +1,6 @@
 //! `waybill demo`: the whole system on one machine in under a minute. Migrates a fresh database,
-//! provisions a fresh stream, starts the order service, the three projections and (after reproducing
+//! provisions a fresh stream, starts the order service, the three projections, every read model of
+//! `projections/src/models/` and (after reproducing
 //! the crash window) the relay, plays a scripted story over HTTP, injects a legacy v1 event and a
 //! duplicate publish, waits for everything to settle while showing progress, and compares what the
 //! projections say with what the event store says. Exits 0 only when they agree.
@@ -17,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use async_nats::jetstream;
-use projections::{Inventory, Points, Projection, Search};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -133,8 +133,10 @@ pub async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()> {
     step(
         started,
         &format!(
-            "order service at {}, console at {}/console and projections inventory, points, search running as {shape}",
-            fleet.api, fleet.console
+            "order service at {}, console at {}/console and projections {} running as {shape}",
+            fleet.api,
+            fleet.console,
+            projections::registry::names().join(", ")
         ),
     );
     let outcome = play_and_check(&mut fleet, &pool, &js, &args, started).await;
@@ -277,7 +279,8 @@ async fn play_and_check(
     step(
         started,
         &format!(
-            "settled: every outbox row sent, projections caught up; the crash-window event is in the stream 2 times (1 relayed + 1 deliberate duplicate), and inventory, points and search each parked the duplicate (sequence {duplicate})"
+            "settled: every outbox row sent, projections caught up; the crash-window event is in the stream 2 times (1 relayed + 1 deliberate duplicate), and {} each parked the duplicate (sequence {duplicate})",
+            facts::reading_orders().join(", ")
         ),
     );
 
@@ -285,18 +288,22 @@ async fn play_and_check(
     step(
         started,
         &format!(
-            "the console shows the same: {shown} events stored, every projection {shown} applied"
+            "the console shows the same: {shown} events stored, and every projection ({}) has applied each event of the aggregate types it reads",
+            projections::registry::names().join(", ")
         ),
     );
 
     // 6. The verdict.
     let expected = verify::expected(pool).await?;
     let projected = verify::projected(&fleet.reads).await?;
-    let disagreements = verify::report(&expected, &projected);
+    let mut disagreements = verify::report(&expected, &projected);
+    let models = verify::models(&wiring.database_url, &fleet.reads).await;
+    disagreements += verify::report_models(&models);
     let elapsed = started.elapsed();
     if disagreements == 0 {
         println!(
-            "\nall three projections agree with the event store ({:.1} s)",
+            "\nall {} projections agree with the event store ({:.1} s)",
+            projections::registry::names().len(),
             elapsed.as_secs_f64()
         );
         Ok(())
@@ -385,11 +392,12 @@ async fn settled(pool: &PgPool, js: &jetstream::Context, stream: &str) -> bool {
             .is_some_and(|lags| lags.iter().all(|(_, lag)| *lag == 0))
 }
 
-/// Each projection consumer's messages not yet applied (undelivered plus unacknowledged).
+/// Each projection consumer's messages not yet applied (undelivered plus unacknowledged), the read
+/// models' included.
 async fn lag(js: &jetstream::Context, stream: &str) -> Option<Vec<(&'static str, u64)>> {
     let stream = js.get_stream(stream).await.ok()?;
     let mut lags = Vec::new();
-    for name in [Inventory::NAME, Points::NAME, Search::NAME] {
+    for name in projections::registry::names() {
         let mut consumer: jetstream::consumer::PullConsumer =
             stream.get_consumer(name).await.ok()?;
         let info = consumer.info().await.ok()?;

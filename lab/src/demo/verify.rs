@@ -1,5 +1,6 @@
 //! What the projections must say, computed straight from the event store by folding every order, and
-//! what they do say, read from their HTTP APIs — side by side.
+//! what they do say, read from their HTTP APIs — side by side. Each read model of the registry is
+//! checked the same way against its own fold of the event store ([`models`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -207,4 +208,94 @@ pub fn report(expected: &Truth, projected: &Truth) -> usize {
         );
     }
     disagreements
+}
+
+/// One read model's verdict: its document (`GET /state` of its read API) against its own pure fold
+/// of the event store ([`projections::kit::Model::expected`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelVerdict {
+    /// The model.
+    pub name: &'static str,
+    /// `None` when they are equal; else the first difference, or why one could not be read.
+    pub difference: Option<String>,
+}
+
+/// Every read model of the registry checked against its fold of the event store at
+/// `database_url`, its document read from its read API in `reads`.
+pub async fn models(database_url: &str, reads: &[(&'static str, String)]) -> Vec<ModelVerdict> {
+    let client = Client::new();
+    let mut verdicts = Vec::new();
+    for model in projections::registry::MODELS {
+        let name = model.name();
+        let difference = match compare(&client, *model, database_url, reads).await {
+            Ok(difference) => difference,
+            Err(error) => Some(format!(
+                "could not be compared: {}",
+                ops::error_chain(&*error)
+            )),
+        };
+        verdicts.push(ModelVerdict { name, difference });
+    }
+    verdicts
+}
+
+async fn compare(
+    client: &Client,
+    model: &dyn projections::kit::Model,
+    database_url: &str,
+    reads: &[(&'static str, String)],
+) -> anyhow::Result<Option<String>> {
+    let base = reads
+        .iter()
+        .find(|(name, _)| *name == model.name())
+        .map(|(_, base)| base)
+        .ok_or_else(|| anyhow::anyhow!("the fleet did not start it"))?;
+    let expected = model.expected(database_url).await?;
+    let actual: Value = client
+        .get(format!("{base}/state"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(projections::model_cli::first_difference(
+        &expected, &actual, "",
+    ))
+}
+
+/// Prints one line per read model ("ok", or "DIFFERS: " and the first difference); returns the
+/// number that differ.
+pub fn report_models(verdicts: &[ModelVerdict]) -> usize {
+    if verdicts.is_empty() {
+        return 0;
+    }
+    println!("read models (projections/src/models/): document vs its fold of the event store");
+    for verdict in verdicts {
+        match &verdict.difference {
+            None => println!("  {:<12} ok", verdict.name),
+            Some(difference) => println!("  {:<12} DIFFERS: {difference}", verdict.name),
+        }
+    }
+    verdicts.iter().filter(|v| v.difference.is_some()).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_that_differs_is_a_disagreement_and_says_where() {
+        let verdicts = [
+            ModelVerdict {
+                name: "revenue",
+                difference: None,
+            },
+            ModelVerdict {
+                name: "customers",
+                difference: Some(".[0].orders: the fold says 2, the read model 1".into()),
+            },
+        ];
+        assert_eq!(report_models(&verdicts), 1);
+        assert_eq!(report_models(&verdicts[..1]), 0);
+    }
 }
