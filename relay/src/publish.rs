@@ -217,7 +217,7 @@ impl ChainPublisher<'_> {
                 }
             }
         }
-        diverged(row, subject, Divergence::unsettled(FENCE_ROUNDS))
+        diverged(row, subject, fence::unsettled(FENCE_ROUNDS))
     }
 
     /// A duplicate PubAck says JetStream remembers the event's id, not that it still holds the message:
