@@ -30,13 +30,12 @@ pub const TABLE: &str = "outbox";
 /// The relays' journal of publishes that may have reached the broker unsettled.
 pub const JOURNAL_TABLE: &str = "outbox_inflight";
 
-/// Every column of [`TABLE`], as the migrations define them.
+/// Every column of [`TABLE`], in the table's order (later migrations added the last two).
 pub const COLUMNS: [&str; 21] = [
     "id",
     "event_id",
     "event_type",
     "event_version",
-    "aggregate_type",
     "aggregate_id",
     "aggregate_version",
     "body",
@@ -52,6 +51,7 @@ pub const COLUMNS: [&str; 21] = [
     "claimed_at",
     "stream_seq",
     "traceparent",
+    "aggregate_type",
     "divergence",
 ];
 
