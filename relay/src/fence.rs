@@ -52,7 +52,7 @@ pub enum Reading {
     LookFrom(u64),
 }
 
-/// Finds the fence writes on the row: the types are the outbox's (`store::outbox`), which stores them.
+/// What the fence finds, as kept on the row: the types are the outbox's (`store::outbox`), which stores them.
 pub use store::outbox::{Divergence, DivergenceKind};
 
 /// A divergence at `message`, the stream message found in the row's place.
