@@ -198,7 +198,7 @@ pub struct FailedRow {
     /// Why it failed, kept in `last_error`.
     pub error: String,
     /// The divergence the fence found, kept as JSON in the `divergence` column (`None` clears it).
-    pub divergence: Option<String>,
+    pub divergence: Option<Divergence>,
 }
 
 /// What the settle statement changed.
@@ -229,7 +229,7 @@ impl Settlement {
             status: if dead { Status::Dead } else { Status::Failed },
             retry_in_seconds: delay.as_secs_f64(),
             error,
-            divergence: divergence.and_then(|d| serde_json::to_string(d).ok()),
+            divergence: divergence.cloned(),
         });
         dead
     }
@@ -301,7 +301,13 @@ pub async fn settle(
     .bind(claim_id)
     .bind(&settlement.ambiguous)
     .bind(settlement.sent.iter().map(|s| s.tid.as_str()).collect::<Vec<_>>())
-    .bind(settlement.failed.iter().map(|f| f.divergence.as_deref()).collect::<Vec<_>>())
+    .bind(
+        settlement
+            .failed
+            .iter()
+            .map(|f| f.divergence.as_ref().and_then(|d| serde_json::to_string(d).ok()))
+            .collect::<Vec<_>>(),
+    )
     .fetch_one(tx)
     .await
 }
