@@ -64,7 +64,7 @@ impl Database {
         )
         .await
         .map_err(DatabaseError::Connect)?;
-        for table in ["events", "outbox", "outbox_inflight"] {
+        for table in ["events", store::outbox::TABLE, store::outbox::JOURNAL_TABLE] {
             check_readable(&reads, table).await?;
         }
         let writes = if actions {

@@ -12,7 +12,6 @@ use domain::{OrderId, Upcasters};
 use maud::{Markup, html};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::Row;
 use uuid::Uuid;
 
 use crate::catalog::{self, Step};
@@ -100,21 +99,7 @@ pub struct Timeline {
 }
 
 async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Error> {
-    // The outbox is joined on (aggregate_id, aggregate_version), its unique index: `event_id` has
-    // none there, and joining on it would scan the whole outbox for every order looked at.
-    let rows = sqlx::query(
-        "SELECT e.position, e.event_id, e.event_type, e.event_version, e.aggregate_version,
-                e.occurred_at, e.recorded_at, e.payload::text AS stored_payload, e.payload,
-                o.status, o.attempts, o.stream_seq, o.sent_at, coalesce(o.dead_reason, o.last_error) AS error,
-                o.id IS NOT NULL AS has_outbox
-         FROM events e LEFT JOIN outbox o
-              ON o.aggregate_id = e.aggregate_id AND o.aggregate_version = e.aggregate_version
-         WHERE e.aggregate_id = $1 ORDER BY e.aggregate_version LIMIT $2",
-    )
-    .bind(order)
-    .bind(MAX_EVENTS + 1)
-    .fetch_all(&console.pool)
-    .await?;
+    let rows = store::outbox::admin::timeline(&console.pool, order, MAX_EVENTS + 1).await?;
     // One more than shown is read only to tell that there are more.
     let mut rows = rows;
     let more_events = rows.len() as i64 > MAX_EVENTS;
@@ -135,28 +120,23 @@ async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Erro
     let stream_read = stream_reason.is_none();
     let mut events = Vec::with_capacity(rows.len());
     let mut matched = vec![false; copies.len()];
-    for row in &rows {
-        let event_id: Uuid = row.try_get("event_id")?;
-        let event_type: String = row.try_get("event_type")?;
-        let stored_version: i32 = row.try_get("event_version")?;
-        let aggregate_version: i64 = row.try_get("aggregate_version")?;
-        let payload: Value = row.try_get("payload")?;
+    for row in rows {
+        let event_id = row.event_id;
+        let event_type = row.event_type;
+        let stored_version = row.event_version;
+        let aggregate_version = row.aggregate_version;
         let (upcast_payload, upcast_error) =
-            match upcasters.upcast(&event_type, stored_version, payload) {
+            match upcasters.upcast(&event_type, stored_version, row.payload) {
                 Ok(value) => (Some(value), None),
                 Err(error) => (None, Some(error.to_string())),
             };
-        let outbox = if row.try_get::<bool, _>("has_outbox")? {
-            Some(OutboxView {
-                status: row.try_get("status")?,
-                attempts: row.try_get("attempts")?,
-                stream_seq: row.try_get("stream_seq")?,
-                sent_at: row.try_get("sent_at")?,
-                last_error: row.try_get("error")?,
-            })
-        } else {
-            None
-        };
+        let outbox = row.row.map(|o| OutboxView {
+            status: o.status.to_string(),
+            attempts: o.attempts,
+            stream_seq: o.stream_seq,
+            sent_at: o.sent_at,
+            last_error: o.error,
+        });
         let own: Vec<usize> = copies
             .iter()
             .enumerate()
@@ -175,16 +155,16 @@ async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Erro
             stream_reason.as_deref(),
         );
         events.push(TimelineEvent {
-            position: row.try_get("position")?,
+            position: row.position,
             event_id,
             current_version: upcasters.current_version(&event_type),
             upcast_chain: catalog::chain(&upcasters, &event_type, stored_version),
             event_type,
             stored_version,
             aggregate_version,
-            occurred_at: row.try_get("occurred_at")?,
-            recorded_at: row.try_get("recorded_at")?,
-            stored_payload: row.try_get("stored_payload")?,
+            occurred_at: row.occurred_at,
+            recorded_at: row.recorded_at,
+            stored_payload: row.stored_payload,
             upcast_payload,
             upcast_error,
             outbox,
@@ -200,7 +180,7 @@ async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Erro
                 .collect(),
         });
     }
-    let (folded, fold_error) = if rows.is_empty() {
+    let (folded, fold_error) = if events.is_empty() {
         (None, None)
     } else {
         match store::load_order(&console.pool, OrderId::from_uuid(order), &upcasters).await {

@@ -259,14 +259,10 @@ async fn read_relay(pool: &PgPool) -> RelayView {
     .fetch_one(pool)
     .await
     .ok();
-    // The newest rows are the last sent; a bounded look (by the primary key) never walks history.
-    let last_sent_at = sqlx::query_scalar(
-        "SELECT max(sent_at) FROM (SELECT sent_at FROM outbox ORDER BY id DESC LIMIT 1000) newest",
-    )
-    .fetch_one(pool)
-    .await
-    .ok()
-    .flatten();
+    let last_sent_at = store::outbox::admin::last_sent_at(pool)
+        .await
+        .ok()
+        .flatten();
     RelayView {
         connected,
         last_sent_at,

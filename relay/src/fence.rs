@@ -10,11 +10,11 @@
 //! (its `Nats-Msg-Id`). "A later version is on the subject" is not proof — after a restore the store
 //! writes a *new* version 2 while the stream still holds the old versions 2 and 3. Anything the relay
 //! cannot account for is a [`Divergence`]: never marked sent, reported loudly, and kept on the row
-//! (`outbox.divergence`) for `status`, the console and `waybill outbox verify`.
+//! (its `divergence` column, `store::outbox::Divergence`) for `status`, the console and
+//! `waybill outbox verify`.
 
 use async_nats::jetstream::{self, stream::LastRawMessageErrorKind};
 use domain::wire;
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::claim::ClaimedRow;
@@ -52,71 +52,26 @@ pub enum Reading {
     LookFrom(u64),
 }
 
-/// How the stream disagrees with the store about one outbox row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DivergenceKind {
-    /// The stream holds this aggregate version as another event: the store was restored behind its
-    /// stream and wrote a new version, or someone published a forged event.
-    OtherEvent,
-    /// Later versions are in the stream but this one is not (lost, deleted, or aged out).
-    Missing,
-    /// A message on the aggregate's subject that is not one of its events (garbage, another
-    /// aggregate's message).
-    Foreign,
-    /// The subject kept changing while the relay read it.
-    Unsettled,
-}
+/// What the fence finds, as kept on the row: the types are the outbox's (`store::outbox`), which stores them.
+pub use store::outbox::{Divergence, DivergenceKind};
 
-impl DivergenceKind {
-    /// The name used in metrics, logs and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::OtherEvent => "other_event",
-            Self::Missing => "missing",
-            Self::Foreign => "foreign",
-            Self::Unsettled => "unsettled",
-        }
+/// A divergence at `message`, the stream message found in the row's place.
+fn found_at(kind: DivergenceKind, message: &SubjectMessage, detail: String) -> Divergence {
+    Divergence {
+        kind,
+        stream_sequence: Some(message.sequence),
+        stream_msg_id: message.msg_id.clone(),
+        detail,
     }
 }
 
-/// A disagreement between the store and the stream, as stored on the row (`outbox.divergence`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Divergence {
-    /// What kind.
-    pub kind: DivergenceKind,
-    /// The stream message the relay found in the row's place, if any.
-    pub stream_sequence: Option<u64>,
-    /// That message's `Nats-Msg-Id` (for an event: its event id), if any.
-    pub stream_msg_id: Option<String>,
-    /// A sentence for the operator.
-    pub detail: String,
-}
-
-impl Divergence {
-    fn found(kind: DivergenceKind, message: &SubjectMessage, detail: String) -> Self {
-        Self {
-            kind,
-            stream_sequence: Some(message.sequence),
-            stream_msg_id: message.msg_id.clone(),
-            detail,
-        }
-    }
-
-    /// The subject kept moving during `rounds` fenced publishes.
-    pub fn unsettled(rounds: usize) -> Self {
-        Self {
-            kind: DivergenceKind::Unsettled,
-            stream_sequence: None,
-            stream_msg_id: None,
-            detail: format!("the subject kept moving during {rounds} fenced publishes"),
-        }
-    }
-}
-
-impl std::fmt::Display for Divergence {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.kind.as_str(), self.detail)
+/// The subject kept moving during `rounds` fenced publishes.
+pub fn unsettled(rounds: usize) -> Divergence {
+    Divergence {
+        kind: DivergenceKind::Unsettled,
+        stream_sequence: None,
+        stream_msg_id: None,
+        detail: format!("the subject kept moving during {rounds} fenced publishes"),
     }
 }
 
@@ -174,7 +129,7 @@ pub fn judge_found(row: &ClaimedRow, found: Option<&SubjectMessage>) -> Judgemen
             if version == row.aggregate_version {
                 Judgement::Diverged(other_event(row, found))
             } else {
-                Judgement::Diverged(Divergence::found(
+                Judgement::Diverged(found_at(
                     DivergenceKind::Missing,
                     found,
                     format!(
@@ -213,7 +168,7 @@ pub fn is_row(row: &ClaimedRow, message: &SubjectMessage) -> bool {
 }
 
 fn other_event(row: &ClaimedRow, message: &SubjectMessage) -> Divergence {
-    Divergence::found(
+    found_at(
         DivergenceKind::OtherEvent,
         message,
         format!(
@@ -232,7 +187,7 @@ fn foreign(row: &ClaimedRow, message: &SubjectMessage) -> Divergence {
         Some((aggregate, version)) => format!("claims to be version {version} of {aggregate}"),
         None => "is not a readable event".to_owned(),
     };
-    Divergence::found(
+    found_at(
         DivergenceKind::Foreign,
         message,
         format!(
@@ -538,7 +493,7 @@ mod tests {
 
     #[test]
     fn a_divergence_round_trips_through_its_stored_json() {
-        let divergence = Divergence::found(
+        let divergence = found_at(
             DivergenceKind::OtherEvent,
             &message(9, "m", Some((7, 2))),
             "d".into(),

@@ -15,7 +15,6 @@ pub mod peers;
 pub mod publish;
 pub mod repair;
 mod run;
-pub mod settle;
 pub mod step;
 pub mod stream;
 pub mod verify;

@@ -217,7 +217,7 @@ impl ChainPublisher<'_> {
                 }
             }
         }
-        diverged(row, subject, Divergence::unsettled(FENCE_ROUNDS))
+        diverged(row, subject, fence::unsettled(FENCE_ROUNDS))
     }
 
     /// A duplicate PubAck says JetStream remembers the event's id, not that it still holds the message:
@@ -411,6 +411,14 @@ mod tests {
     /// A broker that answers a publish with `ack`, as JetStream would: a plain subscriber on a subject
     /// no stream holds replies with the PubAck's JSON.
     async fn publish_answered_with(ack: &'static str) -> Outcome {
+        match attempt_answered_with(ack).await {
+            Attempt::Done(outcome) => outcome,
+            Attempt::WrongLastSequence(refusal) => panic!("refused: {refusal}"),
+        }
+    }
+
+    /// Like [`publish_answered_with`], the attempt itself (a fence refusal is not an outcome yet).
+    async fn attempt_answered_with(ack: &'static str) -> Attempt {
         let server = testkit::NatsServer::start().expect("nats-server");
         let client = async_nats::connect(server.url()).await.expect("connect");
         let mut requests = client.subscribe("fake.events.>").await.expect("subscribe");
@@ -440,10 +448,33 @@ mod tests {
         };
         let jetstream = jetstream::new(client);
         let subject = Subject::from("fake.events.order.7");
-        match publish_one(&jetstream, &subject, &row, 5, PublishFaults::default()).await {
-            Attempt::Done(outcome) => outcome,
-            Attempt::WrongLastSequence(refusal) => panic!("refused: {refusal}"),
-        }
+        publish_one(&jetstream, &subject, &row, 5, PublishFaults::default()).await
+    }
+
+    // The fence's refusal is told by JetStream's error code (10071), whatever its description says:
+    // a server that words it differently is still refused, and a description that reads like one
+    // under another code is an ordinary failure.
+    #[tokio::test]
+    async fn a_fence_refusal_is_its_error_code_not_its_words() {
+        let refused = attempt_answered_with(
+            r#"{"error":{"code":400,"err_code":10071,"description":"the subject moved on"}}"#,
+        )
+        .await;
+        assert!(matches!(refused, Attempt::WrongLastSequence(_)));
+        let other = attempt_answered_with(
+            r#"{"error":{"code":400,"err_code":10070,"description":"wrong last sequence: 5"}}"#,
+        )
+        .await;
+        assert!(
+            matches!(
+                other,
+                Attempt::Done(Outcome::Failed {
+                    divergence: None,
+                    ..
+                })
+            ),
+            "another error code is not a fence refusal"
+        );
     }
 
     // What some nats-server releases answer for a Msg-Id they have only staged on a clustered stream

@@ -18,6 +18,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use store::outbox::relaying;
+
 use crate::fence::{self, SubjectMessage};
 
 /// What a repair does (or did) to one aggregate.
@@ -125,10 +127,7 @@ pub async fn apply(
     mut plan: RepairPlan,
 ) -> Result<RepairPlan, RepairError> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT id FROM outbox WHERE aggregate_id = $1 FOR UPDATE")
-        .bind(plan.aggregate_id)
-        .fetch_all(&mut *tx)
-        .await?;
+    relaying::lock_aggregate(&mut tx, plan.aggregate_id).await?;
     for message in &plan.delete {
         match stream.delete_message(message.stream_sequence).await {
             Ok(_) => {}
@@ -154,33 +153,9 @@ pub async fn apply(
         .iter()
         .filter(|e| e.aggregate_version > plan.agreeing_versions)
     {
-        sqlx::query(
-            "INSERT INTO outbox (event_id, event_type, event_version, aggregate_type, aggregate_id,
-                                 aggregate_version, body)
-             SELECT $1, $2, $3, $4, $5, $6, $7
-             WHERE NOT EXISTS (SELECT 1 FROM outbox WHERE aggregate_id = $5 AND aggregate_version = $6)",
-        )
-        .bind(envelope.event_id)
-        .bind(&envelope.event_type)
-        .bind(envelope.event_version)
-        .bind(&envelope.aggregate_type)
-        .bind(envelope.aggregate_id)
-        .bind(envelope.aggregate_version)
-        .bind(envelope.to_json_string())
-        .execute(&mut *tx)
-        .await?;
+        relaying::restore_row(&mut tx, envelope).await?;
     }
-    sqlx::query(
-        "UPDATE outbox
-         SET status = 'pending', attempts = 0, next_run_at = now(), stream_seq = NULL, sent_at = NULL,
-             divergence = NULL, dead_at = NULL, dead_reason = NULL,
-             last_error = 'repaired: the stream''s messages after version ' || $2 || ' were deleted'
-         WHERE aggregate_id = $1 AND aggregate_version > $2",
-    )
-    .bind(plan.aggregate_id)
-    .bind(plan.agreeing_versions)
-    .execute(&mut *tx)
-    .await?;
+    relaying::rewind_after(&mut tx, plan.aggregate_id, plan.agreeing_versions).await?;
     tx.commit().await?;
     let _ = store::notify_now(pool).await;
     tracing::warn!(

@@ -15,7 +15,7 @@ use crate::claim::{self, ClaimedRow, claim, into_runs, row_ids};
 use crate::config::RelayConfig;
 use crate::metrics;
 use crate::publish::{Outcome, publish_runs};
-use crate::settle::{SentRow, Settlement, settle};
+use store::outbox::relaying::{self, SentRow, Settlement, journal, settle};
 
 /// What one step did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -45,7 +45,7 @@ pub struct StepReport {
     /// published twice, e.g. by a relay that stalled past the dedupe window): marked sent, not stored.
     pub fenced: usize,
     /// Rows whose fence found the stream disagreeing with the store: not marked sent, retried with
-    /// backoff, kept on the row (`outbox.divergence`).
+    /// backoff, kept on the row (its `divergence`).
     pub divergences: usize,
     /// Other relays' stalled claim transactions ended before this step claimed.
     pub stale_claims_ended: usize,
@@ -104,7 +104,7 @@ pub enum StepError {
 /// Runs one claim–publish–settle step.
 ///
 /// `journal_pool` must commit synchronously (`synchronous_commit = on`): the journal record has to
-/// survive a PostgreSQL crash (see [`journal`]). `lane`: claim only that lane's aggregates (see
+/// survive a PostgreSQL crash (see [`relaying::journal`]). `lane`: claim only that lane's aggregates (see
 /// [`claim`]).
 pub async fn step(
     pool: &PgPool,
@@ -323,97 +323,7 @@ fn assess(
 /// Withdraws a journal record whose step published nothing (best effort: a record left behind only
 /// makes a later republish be checked against the window).
 async fn forget_journal(pool: &PgPool, claim_id: Uuid) {
-    if let Err(error) = sqlx::query("DELETE FROM outbox_inflight WHERE claim_id = $1")
-        .bind(claim_id)
-        .execute(pool)
-        .await
-    {
+    if let Err(error) = relaying::forget_journal(pool, claim_id).await {
         tracing::debug!(error = %ops::error_chain(&error), %claim_id, "cannot withdraw the journal record of a lost claim");
-    }
-}
-
-/// Records the batch as possibly published (committed before any publish) and returns, for the rows
-/// an unsettled step may already have published more than `window` ago, when that step started.
-///
-/// Only records older than the dedupe window are searched: a younger one's publishes are still
-/// deduplicated by JetStream, and skipping them keeps the array comparison off the hot path (live
-/// steps' records are always younger). The cutoff is a subquery so that PostgreSQL compares it first:
-/// written inline it costs more than `&&`, which was then run on every live record of the other relays
-/// — batch × batch id comparisons per step, up to a tenth of PostgreSQL's CPU in a two-relay drain.
-///
-/// The record must survive a PostgreSQL crash, so it is committed with a WAL flush: `pool`'s sessions
-/// have `synchronous_commit = on` (the relay's others commit asynchronously). One statement in its
-/// own implicit transaction, so one round trip (`BEGIN`, `SET LOCAL synchronous_commit`, the insert
-/// and `COMMIT` were four, in every step, while the claim's row locks waited).
-async fn journal(
-    pool: &PgPool,
-    claim_id: Uuid,
-    relay_id: &str,
-    outbox_ids: &[i64],
-    window: std::time::Duration,
-) -> sqlx::Result<HashMap<i64, DateTime<Utc>>> {
-    let rows: Vec<EarlierPublish> = sqlx::query_as(JOURNAL)
-        .bind(claim_id)
-        .bind(relay_id)
-        .bind(outbox_ids)
-        .bind(window.as_secs_f64())
-        .fetch_all(pool)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| (row.outbox_id, row.started_at))
-        .collect())
-}
-
-/// The statement of [`journal`].
-const JOURNAL: &str = "WITH recorded AS (
-        INSERT INTO outbox_inflight (claim_id, relay, outbox_ids) VALUES ($1, $2, $3)
-    )
-    SELECT r.id AS outbox_id, min(j.started_at) AS started_at
-    FROM outbox_inflight j CROSS JOIN LATERAL unnest(j.outbox_ids) AS r(id)
-    WHERE j.started_at < (SELECT now() - $4 * interval '1 second')
-      AND j.outbox_ids && $3 AND r.id = ANY($3)
-    GROUP BY r.id";
-
-/// A row of this batch that an unsettled step, started longer ago than the dedupe window, may have
-/// published.
-#[derive(sqlx::FromRow)]
-struct EarlierPublish {
-    outbox_id: i64,
-    /// When the earliest such step started.
-    started_at: DateTime<Utc>,
-}
-
-#[cfg(test)]
-mod tests {
-    use sqlx::PgPool;
-    use uuid::Uuid;
-
-    use super::JOURNAL;
-
-    /// Every step searches the journal while the other lanes' and relays' records of their live steps
-    /// (young, each with a batch of ids) are in it: their age must be tested before their ids.
-    #[sqlx::test(migrator = "store::MIGRATOR")]
-    async fn the_journal_tests_a_records_age_before_its_ids(pool: PgPool) {
-        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN (VERBOSE, COSTS OFF) {JOURNAL}"
-        )))
-        .bind(Uuid::now_v7())
-        .bind("test")
-        .bind(vec![1_i64, 2, 3])
-        .bind(120.0_f64)
-        .fetch_all(&pool)
-        .await
-        .expect("explain the journal");
-        let filter = plan
-            .iter()
-            .skip_while(|line| !line.contains("Scan on public.outbox_inflight j"))
-            .find(|line| line.contains("Filter:"))
-            .unwrap_or_else(|| panic!("no filter on the journal's records in {plan:#?}"));
-        let (age, ids) = (filter.find("started_at"), filter.find("&&"));
-        assert!(
-            matches!((age, ids), (Some(age), Some(ids)) if age < ids),
-            "the records' ids are compared before their age: {filter}"
-        );
     }
 }

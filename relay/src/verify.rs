@@ -20,6 +20,9 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use store::outbox::Status;
+use store::outbox::admin::{DeliveredEvent, delivered_events};
+
 use crate::fence::{self, ReadBack};
 
 /// What to compare.
@@ -130,18 +133,9 @@ pub enum VerifyError {
     },
 }
 
-/// One event of the store, with its delivery state.
-#[derive(Debug, Clone, sqlx::FromRow)]
-struct StoreEvent {
-    aggregate_type: String,
-    aggregate_id: Uuid,
-    aggregate_version: i64,
-    event_id: Uuid,
-    recorded_at: DateTime<Utc>,
-    /// `None` when the outbox row was purged after it was sent.
-    status: Option<String>,
-    stream_seq: Option<i64>,
-}
+/// One event of the store, with its delivery state (`status` is `None` when the outbox row was
+/// purged after it was sent).
+type StoreEvent = DeliveredEvent;
 
 /// One message of the stream, as far as the comparison cares.
 #[derive(Debug, Clone)]
@@ -258,22 +252,7 @@ async fn read_store(
     pool: &PgPool,
     scope: &VerifyScope,
 ) -> sqlx::Result<BTreeMap<Uuid, Vec<StoreEvent>>> {
-    let rows: Vec<StoreEvent> = sqlx::query_as(
-        "SELECT e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_id, e.recorded_at,
-                o.status, o.stream_seq
-         FROM events e
-         LEFT JOIN outbox o ON o.aggregate_id = e.aggregate_id
-                           AND o.aggregate_version = e.aggregate_version
-                           AND o.event_id = e.event_id
-         WHERE (cardinality($1::uuid[]) = 0 OR e.aggregate_id = ANY($1))
-           AND ($2::timestamptz IS NULL
-                OR e.aggregate_id IN (SELECT aggregate_id FROM events WHERE recorded_at >= $2))
-         ORDER BY e.aggregate_id, e.aggregate_version",
-    )
-    .bind(&scope.aggregates)
-    .bind(scope.since)
-    .fetch_all(pool)
-    .await?;
+    let rows = delivered_events(pool, &scope.aggregates, scope.since).await?;
     let mut store: BTreeMap<Uuid, Vec<StoreEvent>> = BTreeMap::new();
     for row in rows {
         store.entry(row.aggregate_id).or_default().push(row);
@@ -455,7 +434,7 @@ fn compare(
             last_version = last_version.max(event.aggregate_version);
             if let Some(recorded) = event.stream_seq
                 && u64::try_from(recorded).ok() != Some(message.sequence)
-                && event.status.as_deref() == Some("sent")
+                && event.status == Some(Status::Sent)
             {
                 compared.differences.push(difference(
                     DifferenceKind::WrongSequence,
@@ -512,8 +491,8 @@ fn compare(
         if found.contains_key(&event.event_id) {
             continue;
         }
-        match event.status.as_deref() {
-            Some("pending" | "failed" | "dead") => compared.unsent += 1,
+        match event.status {
+            Some(status) if status.is_unsent() => compared.unsent += 1,
             _ => {
                 let aged_out = match event.stream_seq.and_then(|s| u64::try_from(s).ok()) {
                     Some(sequence) => sequence < first_sequence,
@@ -558,7 +537,7 @@ mod tests {
             aggregate_version: version,
             event_id: Uuid::from_u128(100 + version as u128),
             recorded_at: Utc::now(),
-            status: status.map(str::to_owned),
+            status: status.map(|s| s.parse().expect("an outbox status")),
             stream_seq,
         }
     }

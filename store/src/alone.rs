@@ -5,8 +5,9 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::append::{Part, insert_events};
+use crate::append::Part;
 use crate::backend::{Backend, SettleError};
+use crate::outbox::insert_events;
 
 /// Why an insert wrote nothing — or may have written.
 #[derive(Debug)]

@@ -1,6 +1,6 @@
 //! Appending events: the `events` rows and their `outbox` rows are written by one statement, so they
-//! commit together or not at all, and the unique `(aggregate_id, aggregate_version)` is the
-//! optimistic-concurrency guard.
+//! commit together or not at all (the statement is the outbox's: `crate::outbox::insert_events`), and
+//! the unique `(aggregate_id, aggregate_version)` is the optimistic-concurrency guard.
 
 use domain::EventEnvelope;
 use serde_json::Value;
@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::alone::{self, Unwritten, is_lock_timeout};
 use crate::group_commit::GroupCommit;
+use crate::outbox::insert_events;
 
 /// Extra facts recorded with an append.
 #[derive(Debug, Clone, Default)]
@@ -180,75 +181,6 @@ impl<'a> Part<'a> {
             traceparent,
         }
     }
-}
-
-/// Inserts the events of every part and, in the same statement, their outbox rows. Returns the
-/// aggregate of every event written: a part is written whole, or not at all when its aggregate is not
-/// at its expected version. The parts must be of different aggregates (one unique-key violation fails
-/// them all).
-pub(crate) async fn insert_events(
-    db: impl sqlx::PgExecutor<'_>,
-    parts: &[Part<'_>],
-) -> sqlx::Result<Vec<Uuid>> {
-    // One statement, one round trip, however many aggregates: PostgreSQL's fixed cost per statement
-    // and commit is several times the cost of a row (DESIGN.md, platform facts), so group commit puts
-    // many commands' events in one. A data-modifying CTE writes the events and their outbox rows (with
-    // the message body the relay will publish). The guard refuses a part whose expected version does
-    // not exist yet (which would leave a gap); the unique (aggregate_id, aggregate_version) refuses
-    // one that is already taken.
-    let rows = || {
-        parts
-            .iter()
-            .flat_map(|p| p.events.iter().map(move |e| (p, e)))
-    };
-    sqlx::query_scalar(
-        "WITH input AS (
-            SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::text[], $5::uuid[],
-                                 $6::int8[], $7::timestamptz[], $8::uuid[], $9::uuid[], $10::jsonb[],
-                                 $11::text[], $12::int8[], $13::text[])
-                AS t(event_id, event_type, event_version, aggregate_type, aggregate_id,
-                     aggregate_version, occurred_at, correlation_id, causation_id, payload, body,
-                     expected_version, traceparent)
-            WHERE t.expected_version = 0
-               OR EXISTS (SELECT 1 FROM events e
-                          WHERE e.aggregate_id = t.aggregate_id
-                            AND e.aggregate_version = t.expected_version)
-        ),
-        new_events AS (
-            INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
-                                aggregate_version, occurred_at, correlation_id, causation_id, payload)
-            SELECT event_id, event_type, event_version, aggregate_type, aggregate_id,
-                   aggregate_version, occurred_at, correlation_id, causation_id, payload
-            FROM input
-            RETURNING event_id, aggregate_id
-        ),
-        new_outbox AS (
-            INSERT INTO outbox (event_id, event_type, event_version, aggregate_type, aggregate_id,
-                                aggregate_version, body, traceparent)
-            SELECT i.event_id, i.event_type, i.event_version, i.aggregate_type, i.aggregate_id,
-                   i.aggregate_version, i.body, i.traceparent
-            FROM input i JOIN new_events USING (event_id)
-        )
-        -- Read back from `events`, not `outbox`: the command side may insert outbox rows but not
-        -- read them (least privilege, `waybill roles`). Every event written has its outbox row:
-        -- the CTE above runs to completion, and the statement fails whole if it cannot.
-        SELECT aggregate_id FROM new_events",
-    )
-    .bind(rows().map(|(_, e)| e.event_id).collect::<Vec<_>>())
-    .bind(rows().map(|(_, e)| e.event_type.as_str()).collect::<Vec<_>>())
-    .bind(rows().map(|(_, e)| e.event_version).collect::<Vec<_>>())
-    .bind(rows().map(|(_, e)| e.aggregate_type.as_str()).collect::<Vec<_>>())
-    .bind(rows().map(|(_, e)| e.aggregate_id).collect::<Vec<_>>())
-    .bind(rows().map(|(_, e)| e.aggregate_version).collect::<Vec<_>>())
-    .bind(rows().map(|(_, e)| e.occurred_at).collect::<Vec<_>>())
-    .bind(rows().map(|(_, e)| e.correlation_id).collect::<Vec<_>>())
-    .bind(rows().map(|(_, e)| e.causation_id).collect::<Vec<_>>())
-    .bind(rows().map(|(_, e)| &e.payload).collect::<Vec<_>>())
-    .bind(rows().map(|(_, e)| e.to_json_string()).collect::<Vec<_>>())
-    .bind(rows().map(|(p, _)| p.expected_version).collect::<Vec<_>>())
-    .bind(rows().map(|(p, _)| p.traceparent).collect::<Vec<_>>())
-    .fetch_all(db)
-    .await
 }
 
 /// Writes `part` in one transaction with the record of `key`, rolled back together when the

@@ -21,9 +21,10 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::alone::{self, Unwritten, is_lock_timeout};
-use crate::append::{Part, insert_events};
+use crate::append::Part;
 use crate::backend::Backend;
 use crate::lanes::Lanes;
+use crate::outbox::insert_events;
 
 /// At most this many appends go in one statement.
 const MAX_GROUP: usize = 128;

@@ -12,6 +12,7 @@ mod group_commit;
 mod lanes;
 mod load;
 mod notify;
+pub mod outbox;
 pub mod roles;
 
 pub use append::{AppendError, AppendOptions, AppendResult, append};

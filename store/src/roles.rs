@@ -26,10 +26,6 @@ pub const ROLES: [&str; 4] = [
 /// exists (`projections::schema`, which names it too: the read side does not link the store).
 pub const CONSOLE_ROLE: &str = "waybill_console";
 
-/// The outbox columns a dead row's replay sets (`relay::admin::replay_dead`): all the console may
-/// change.
-const REPLAY_COLUMNS: &str = "status, attempts, next_run_at, dead_at, dead_reason";
-
 /// Whether `error` says the role exists already: `duplicate_object`, or `unique_violation` when a
 /// concurrent `CREATE ROLE` committed first.
 fn created_elsewhere(error: &sqlx::Error) -> bool {
@@ -77,20 +73,16 @@ pub async fn create_roles(pool: &PgPool) -> sqlx::Result<Vec<String>> {
     let grants = [
         format!("GRANT CONNECT ON DATABASE {quoted} TO waybill_app, waybill_relay, waybill_projection, waybill_console"),
         format!("GRANT CREATE ON DATABASE {quoted} TO waybill_projection"),
-        // Table-level revokes take the column grants (the console's UPDATE) with them.
-        "REVOKE ALL ON events, outbox, outbox_inflight, command_idempotency FROM waybill_app, waybill_relay, waybill_projection, waybill_console".to_owned(),
+        "REVOKE ALL ON events, command_idempotency FROM waybill_app, waybill_relay, waybill_projection, waybill_console".to_owned(),
         "GRANT USAGE ON SCHEMA public TO waybill_app, waybill_relay, waybill_projection, waybill_console".to_owned(),
         "GRANT SELECT, INSERT ON events TO waybill_app".to_owned(),
         "GRANT SELECT ON events TO waybill_projection".to_owned(),
-        "GRANT INSERT ON outbox TO waybill_app".to_owned(),
         "GRANT SELECT, INSERT ON command_idempotency TO waybill_app".to_owned(),
-        "GRANT SELECT, UPDATE, DELETE ON outbox TO waybill_relay".to_owned(),
-        "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_inflight TO waybill_relay".to_owned(),
         "GRANT EXECUTE ON FUNCTION waybill_end_stale_claims(interval) TO waybill_relay".to_owned(),
-        "GRANT SELECT ON events, outbox, outbox_inflight TO waybill_console".to_owned(),
-        format!("GRANT UPDATE ({REPLAY_COLUMNS}) ON outbox TO waybill_console"),
+        "GRANT SELECT ON events TO waybill_console".to_owned(),
     ];
-    for grant in grants {
+    // The outbox's own privileges come from its owner, revoke first (`outbox::privileges`).
+    for grant in grants.into_iter().chain(crate::outbox::privileges()) {
         sqlx::query(sqlx::AssertSqlSafe(grant.clone()))
             .execute(&mut *tx)
             .await?;

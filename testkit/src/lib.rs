@@ -173,10 +173,7 @@ pub async fn restore_behind(pool: &PgPool, aggregate: Uuid, keep: i64) {
         .execute(&mut *tx)
         .await
         .expect("replica mode");
-    sqlx::query("DELETE FROM outbox WHERE aggregate_id = $1 AND aggregate_version > $2")
-        .bind(aggregate)
-        .bind(keep)
-        .execute(&mut *tx)
+    store::outbox::fixtures::forget_after(&mut tx, aggregate, keep)
         .await
         .expect("forget the later outbox rows");
     sqlx::query("DELETE FROM events WHERE aggregate_id = $1 AND aggregate_version > $2")
@@ -190,12 +187,12 @@ pub async fn restore_behind(pool: &PgPool, aggregate: Uuid, keep: i64) {
 
 /// Counts rows of the outbox by status.
 pub async fn outbox_counts(pool: &PgPool) -> BTreeMap<String, i64> {
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT status, count(*) FROM outbox GROUP BY status")
-            .fetch_all(pool)
-            .await
-            .expect("outbox counts");
-    rows.into_iter().collect()
+    store::outbox::fixtures::counts_by_status(pool)
+        .await
+        .expect("outbox counts")
+        .into_iter()
+        .map(|(status, count)| (status.to_string(), count))
+        .collect()
 }
 
 /// Polls `check` until it is true or `timeout` passes; panics naming `what` on timeout.

@@ -10,6 +10,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream;
 use serde::Serialize;
 use sqlx::PgPool;
+use store::outbox::fixtures;
 use testkit::stats::median;
 use uuid::Uuid;
 
@@ -125,9 +126,7 @@ pub async fn measure(
     let empty_pool = prepare(services, EMPTY_DATABASE).await?;
     let js = super::fresh_stream(&services.nats_url, STREAM, PREFIX).await?;
     prepare_history(&pool, profile.history, progress).await?;
-    sqlx::query("TRUNCATE outbox, outbox_inflight")
-        .execute(&empty_pool)
-        .await?;
+    fixtures::truncate(&empty_pool).await?;
 
     let one_lane = Drain {
         instances: 1,
@@ -202,9 +201,7 @@ pub async fn measure(
     }
     .clear()
     .await?;
-    sqlx::query("TRUNCATE outbox, outbox_inflight")
-        .execute(&empty_pool)
-        .await?;
+    fixtures::truncate(&empty_pool).await?;
     let _ = js.get_stream(STREAM).await?.purge().await;
     Ok(RelayFigures {
         one: median(runs.one.clone()),
@@ -277,12 +274,14 @@ async fn prepare(services: &Services, name: &str) -> anyhow::Result<PgPool> {
 /// Makes sure `history` sent rows sit in both outbox tables (created once, reused by later runs).
 async fn prepare_history(pool: &PgPool, history: i64, progress: &Progress) -> anyhow::Result<()> {
     for table in [Table::Outbox, Table::Baseline] {
-        let sent: i64 = sqlx::query_scalar(table.sql(
-            "SELECT count(*) FROM outbox WHERE status = 'sent' AND stream_seq IS NULL",
-            "SELECT count(*) FROM baseline_outbox WHERE status = 'sent' AND sent_at IS NULL",
-        ))
-        .fetch_one(pool)
-        .await?;
+        let sent: i64 = match table {
+            Table::Outbox => fixtures::history_rows(pool).await?,
+            Table::Baseline => sqlx::query_scalar(
+                "SELECT count(*) FROM baseline_outbox WHERE status = 'sent' AND sent_at IS NULL",
+            )
+            .fetch_one(pool)
+            .await?,
+        };
         let missing = history - sent;
         if missing > 0 {
             progress.say(&format!(
@@ -294,10 +293,7 @@ async fn prepare_history(pool: &PgPool, history: i64, progress: &Progress) -> an
             }
         }
     }
-    sqlx::query("VACUUM ANALYZE outbox, baseline_outbox")
-        .execute(pool)
-        .await?;
-    Ok(())
+    vacuum_analyze_both(pool).await
 }
 
 /// The two outbox tables: the project's and the baseline's.
@@ -310,18 +306,19 @@ enum Table {
 impl Table {
     fn name(self) -> &'static str {
         match self {
-            Self::Outbox => "outbox",
+            Self::Outbox => store::outbox::TABLE,
             Self::Baseline => "baseline_outbox",
         }
     }
+}
 
-    /// Picks the statement for this table (statements are constants, not assembled from names).
-    fn sql(self, outbox: &'static str, baseline: &'static str) -> &'static str {
-        match self {
-            Self::Outbox => outbox,
-            Self::Baseline => baseline,
-        }
-    }
+/// Vacuums and analyzes both outbox tables, as autovacuum would between bursts.
+async fn vacuum_analyze_both(pool: &PgPool) -> anyhow::Result<()> {
+    fixtures::vacuum_analyze(pool).await?;
+    sqlx::query("VACUUM ANALYZE baseline_outbox")
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// The envelope of an `ev` row, as JSON text.
@@ -355,13 +352,7 @@ async fn seed(
                SELECT event_id, event_type, event_version, 'order', aggregate_id, aggregate_version, now(), payload
                FROM rows RETURNING *)";
     let sql = match table {
-        Table::Outbox => format!(
-            "{rows} INSERT INTO outbox (event_id, event_type, event_version, aggregate_id, aggregate_version,
-                                        body, status, sent_at)
-             SELECT event_id, event_type, event_version, aggregate_id, aggregate_version, {BODY}, $3,
-                    CASE WHEN $3 = 'sent' THEN now() END
-             FROM ev ORDER BY position"
-        ),
+        Table::Outbox => format!("{rows} {}", fixtures::seed_insert(BODY)),
         Table::Baseline => format!(
             "{rows} INSERT INTO baseline_outbox (event_id, aggregate_id, topic, payload, status)
              SELECT event_id, aggregate_id, event_type, {BODY}::jsonb, $3 FROM ev ORDER BY position"
@@ -390,18 +381,11 @@ impl Fixture<'_> {
     /// Removes what earlier drains left (everything but the history), vacuums as autovacuum would
     /// between bursts, and empties the stream.
     async fn clear(&self) -> anyhow::Result<()> {
-        sqlx::query("DELETE FROM outbox WHERE status <> 'sent' OR stream_seq IS NOT NULL")
-            .execute(self.pool)
-            .await?;
+        fixtures::clear_all_but_history(self.pool).await?;
         sqlx::query("DELETE FROM baseline_outbox WHERE status <> 'sent' OR sent_at IS NOT NULL")
             .execute(self.pool)
             .await?;
-        sqlx::query("DELETE FROM outbox_inflight")
-            .execute(self.pool)
-            .await?;
-        sqlx::query("VACUUM ANALYZE outbox, baseline_outbox")
-            .execute(self.pool)
-            .await?;
+        vacuum_analyze_both(self.pool).await?;
         self.js.get_stream(STREAM).await?.purge().await?;
         Ok(())
     }
@@ -411,7 +395,7 @@ impl Fixture<'_> {
         self.clear().await?;
         seed(self.pool, events, versions, Table::Outbox, "pending").await?;
         // Planned for what the table holds now (an empty table's statistics would mislead the claim).
-        sqlx::query("ANALYZE outbox").execute(self.pool).await?;
+        fixtures::analyze(self.pool).await?;
         let nats = nats_pids(self.nats_url);
         let relay = binary("waybill-relay")?;
         let started = Instant::now();
@@ -449,17 +433,10 @@ impl Fixture<'_> {
         }
         let elapsed = started.elapsed().as_secs_f64();
         let usage = sampler.finish().await;
-        let sent: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE stream_seq IS NOT NULL")
-                .fetch_one(self.pool)
-                .await?;
+        let (sent, drain_seconds) = fixtures::relayed(self.pool).await?;
         anyhow::ensure!(sent == events, "only {sent} of {events} rows were sent");
-        let drain_seconds: f64 = sqlx::query_scalar(
-            "SELECT extract(epoch FROM max(sent_at) - min(claimed_at))::float8
-             FROM outbox WHERE stream_seq IS NOT NULL",
-        )
-        .fetch_one(self.pool)
-        .await?;
+        let drain_seconds =
+            drain_seconds.ok_or_else(|| anyhow::anyhow!("no sent row has a claim time"))?;
         let per_event =
             |name: &str| usage.get(name).map_or(0.0, |u| u.cpu_seconds) * 1e6 / events as f64;
         let (relay, postgres, nats) =

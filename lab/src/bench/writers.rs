@@ -191,14 +191,15 @@ async fn plain_transaction(pool: &PgPool) -> anyhow::Result<()> {
     .bind(&payload)
     .execute(&mut *tx)
     .await?;
-    sqlx::query(
-        "INSERT INTO outbox (event_id, event_type, event_version, aggregate_id, aggregate_version, body)
-         VALUES ($1, 'order.placed', 3, $2, 1, $3)",
+    store::outbox::fixtures::insert_plain(
+        &mut tx,
+        event_id,
+        "order.placed",
+        3,
+        aggregate_id,
+        1,
+        &body,
     )
-    .bind(event_id)
-    .bind(aggregate_id)
-    .bind(&body)
-    .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(())

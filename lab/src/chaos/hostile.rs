@@ -14,6 +14,7 @@ use domain::wire;
 use rand::Rng;
 use rand::rngs::StdRng;
 use serde_json::Value;
+use store::outbox::fixtures;
 use uuid::Uuid;
 
 use super::faults::Context;
@@ -45,11 +46,7 @@ impl Sent {
 /// the dedupe window).
 /// What was stored is in `sent` even when a later publish fails.
 pub async fn publish(context: &Context, rng: &mut StdRng, sent: &mut Sent) -> anyhow::Result<()> {
-    let placed: Option<String> = sqlx::query_scalar(
-        "SELECT body FROM outbox WHERE event_type = 'order.placed' ORDER BY id DESC LIMIT 1",
-    )
-    .fetch_optional(&context.pool)
-    .await?;
+    let placed = fixtures::newest_body(&context.pool, "order.placed").await?;
     let placed: Value = serde_json::from_str(
         &placed.ok_or_else(|| anyhow::anyhow!("no order placed yet to model hostile events on"))?,
     )?;
@@ -90,11 +87,7 @@ pub async fn publish(context: &Context, rng: &mut StdRng, sent: &mut Sent) -> an
 
     // Version 3 of an order whose versions 1 and 2 never come (a payment: only a first event may be
     // order.placed).
-    let paid: Option<String> = sqlx::query_scalar(
-        "SELECT body FROM outbox WHERE event_type = 'order.paid' ORDER BY id DESC LIMIT 1",
-    )
-    .fetch_optional(&context.pool)
-    .await?;
+    let paid = fixtures::newest_body(&context.pool, "order.paid").await?;
     let paid: Value = match paid {
         Some(body) => serde_json::from_str(&body)?,
         None => placed.clone(),
@@ -137,15 +130,9 @@ pub async fn publish(context: &Context, rng: &mut StdRng, sent: &mut Sent) -> an
     // placed. The order has ended (shipped or cancelled), so no later event of it meets the replay on
     // its subject: the relay's fence reads a subject's last message, and a forged one there is another
     // fault than this one.
-    let old: Option<String> = sqlx::query_scalar(
-        "SELECT first.body FROM outbox last
-         JOIN outbox first ON first.aggregate_id = last.aggregate_id AND first.aggregate_version = 1
-         WHERE last.status = 'sent' AND last.sent_at < now() - interval '7 seconds'
-           AND last.event_type IN ('order.shipped', 'order.cancelled')
-         ORDER BY last.id DESC LIMIT 1",
-    )
-    .fetch_optional(&context.pool)
-    .await?;
+    let old =
+        fixtures::first_body_of_finished(&context.pool, &["order.shipped", "order.cancelled"], 7.0)
+            .await?;
     let Some(old) = old else {
         sent.kinds
             .push("no replay (no finished order old enough yet)");
