@@ -8,7 +8,10 @@ use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
     /// A schema name that is not ours (they are spliced into DDL).
-    #[error("invalid projection schema name {schema:?}")]
+    #[error(
+        "invalid projection name {schema:?}: a lower-case letter, then lower-case letters, digits and _, at most {max}",
+        max = MAX_NAME
+    )]
     InvalidName { schema: String },
     #[error("creating or opening the database for the {schema} projection")]
     OpenDatabase {
@@ -298,12 +301,53 @@ async fn create(conn: &mut PgConnection, schema: &str, tables: &str) -> Result<(
     Ok(())
 }
 
-/// Schema names are ours (`inventory`, `points`, `search`), but they are spliced into DDL: check them.
+/// The longest projection name: PostgreSQL's identifiers end at 63 bytes, and a rebuild's schema
+/// and consumer add a suffix to it.
+const MAX_NAME: usize = 40;
+
+/// Schema names are ours (the built-in three and the models' `NAME`s), but they are spliced into DDL:
+/// a lower-case letter, then lower-case letters, digits and `_`, at most [`MAX_NAME`] of them.
 pub(crate) fn check_name(schema: &str) -> Result<(), SchemaError> {
-    if schema.is_empty() || !schema.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+    let mut chars = schema.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+    if !first_ok
+        || schema.len() > MAX_NAME
+        || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
         return Err(SchemaError::InvalidName {
             schema: schema.to_owned(),
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_is_a_letter_then_letters_digits_and_underscores() {
+        for good in [
+            "inventory",
+            "revenue",
+            "orders2",
+            "per_day_v2",
+            &"a".repeat(MAX_NAME),
+        ] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "2orders",
+            "_hidden",
+            "Revenue",
+            "re-venue",
+            "re\"venue",
+            "revenue;drop",
+            "r\u{e9}venue",
+            &"a".repeat(MAX_NAME + 1),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
 }
