@@ -21,6 +21,16 @@ use crate::partition::Partitions;
 use crate::projection::Projection;
 use crate::runner::{FailPoint, Runner, RunnerConfig, Tally};
 
+/// The testing twin's name and its flag that breaks the checkpoint check of `run` (for the chaos
+/// harness's proof): `None` without the `fault-injection` feature, so that a build without it names
+/// neither (the harness asks for them here).
+#[cfg(feature = "fault-injection")]
+pub const CHECKPOINT_BREAKING_TWIN: Option<(&str, &str)> =
+    Some(("waybill-projection-faulty", "--ignore-checkpoint"));
+/// See above: this build has no twin.
+#[cfg(not(feature = "fault-injection"))]
+pub const CHECKPOINT_BREAKING_TWIN: Option<(&str, &str)> = None;
+
 /// The deliberate failures a faulty twin asks for; the projection binaries always run with none.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Faults {

@@ -219,6 +219,16 @@ fn retention(text: &str) -> Result<Retention, String> {
     Ok(Retention(Some(retention)))
 }
 
+/// The testing twin's name and its flag that makes `run` abort in the crash window (after the PubAcks,
+/// before marking anything sent): `None` without the `fault-injection` feature, so that a build
+/// without it names neither (the demo asks for them here).
+#[cfg(feature = "fault-injection")]
+pub const CRASHING_TWIN: Option<(&str, &str)> =
+    Some(("waybill-relay-faulty", "--crash-after-publish"));
+/// See above: this build has no twin.
+#[cfg(not(feature = "fault-injection"))]
+pub const CRASHING_TWIN: Option<(&str, &str)> = None;
+
 /// Which binary runs the command line: its name in `--help` and errors, what its help adds, and
 /// where its `run` stops on purpose ([`FailPoint::None`] but in the faulty twin).
 #[derive(Debug)]

@@ -397,12 +397,31 @@ impl Fleet {
             )?;
         }
         // A killed projection's unacknowledged messages come back after the ack wait.
-        let mut projection_args = strings(&["run", "--ack-wait", "5s"]);
-        if broken_checkpoint {
-            projection_args.push("--ignore-checkpoint".to_owned());
-        }
+        let run_args = strings(&["run", "--ack-wait", "5s"]);
         for projection in PROJECTIONS {
-            let program = binaries.projections.join(format!("waybill-{projection}"));
+            // A broken checkpoint takes the faulty twin (`waybill-projection-faulty NAME …`): the
+            // projection binaries have no fault flag.
+            let (program, projection_args) = if broken_checkpoint {
+                let (twin, ignore_checkpoint) = projections::cli::CHECKPOINT_BREAKING_TWIN
+                    .context(
+                        "--broken-checkpoint needs the projections' testing twin, which this build \
+                     lacks: build with `--features lab/fault-injection`",
+                    )?;
+                let twin = binaries.projections.join(twin);
+                anyhow::ensure!(
+                    twin.is_file(),
+                    "{} is missing: build the testing twins first (`cargo build --workspace --bins \
+                     --features lab/fault-injection`)",
+                    twin.display()
+                );
+                let mut args = vec![projection.to_owned()];
+                args.extend(run_args.iter().cloned());
+                args.push(ignore_checkpoint.to_owned());
+                (twin, args)
+            } else {
+                let program = binaries.projections.join(format!("waybill-{projection}"));
+                (program, run_args.clone())
+            };
             if partitions == 1 {
                 add(
                     projection,

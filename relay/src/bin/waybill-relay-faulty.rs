@@ -6,28 +6,29 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use relay::FailPoint;
-use relay::app::{Program, main as relay_main};
+use relay::app::{CRASHING_TWIN, Program, main as relay_main};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Aborts the process after the PubAcks, with the claim transaction still open (the SIGKILL case).
-const CRASH_AFTER_PUBLISH: &str = "--crash-after-publish";
 
 const AFTER_HELP: &str = "Testing only, this binary's own flag (anywhere on the line):\n  \
     --crash-after-publish  `run`: abort the process after the PubAcks, before marking anything sent";
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    // Aborts the process after the PubAcks, with the claim transaction still open (the SIGKILL case).
+    let Some((name, crash_after_publish)) = CRASHING_TWIN else {
+        unreachable!("the twin is built only with the fault-injection feature")
+    };
     let (crash, args): (Vec<OsString>, Vec<OsString>) =
-        std::env::args_os().partition(|arg| arg == CRASH_AFTER_PUBLISH);
+        std::env::args_os().partition(|arg| arg == crash_after_publish);
     let fail_point = if crash.is_empty() {
         FailPoint::None
     } else {
         FailPoint::AbortProcessAfterPublish
     };
     let program = Program {
-        name: "waybill-relay-faulty",
+        name,
         after_help: Some(AFTER_HELP),
         fail_point,
     };
