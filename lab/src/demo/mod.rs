@@ -64,8 +64,9 @@ pub struct DemoArgs {
 
     /// After the verdict (pass or fail), leave everything running — services, database, stream —
     /// and print where they are, for exploring; Ctrl-C (or SIGTERM) then stops and removes them.
-    /// Without it they are removed at once. (--rollout always leaves its database and stream.)
-    #[arg(long)]
+    /// Without it they are removed at once. Not with --rollout, which leaves its database and
+    /// stream behind.
+    #[arg(long, conflicts_with = "rollout")]
     pub keep: bool,
 
     /// Tell the rolling upgrade of order.placed from v2 to v3 instead, over the real processes:
