@@ -55,8 +55,9 @@ async fn database_exists(name: &str) -> bool {
 /// Whether stream `name` exists on `nats_url`.
 async fn stream_exists(nats_url: &str, name: &str) -> bool {
     let client = async_nats::connect(nats_url).await.expect("NATS");
+    // `get_stream` asks the server for the stream's info (the `_no_info` variant asks nothing).
     async_nats::jetstream::new(client)
-        .get_stream_no_info(name)
+        .get_stream(name)
         .await
         .is_ok()
 }
