@@ -1,7 +1,7 @@
-//! The harness can fail: projections run with their checkpoint check broken on purpose (the hidden
-//! `run --ignore-checkpoint` of fault-injection builds) apply replayed events again, and
-//! `waybill-lab chaos` must say so — exit 1, verdict `fail`, the inventory differing from the fold —
-//! while finding nothing else wrong.
+//! The harness can fail: projections run with their checkpoint check broken on purpose (`run
+//! --ignore-checkpoint` of their testing twin, `waybill-projection-faulty`) apply replayed events
+//! again, and `waybill-lab chaos` must say so — exit 1, verdict `fail`, the inventory differing from
+//! the fold — while finding nothing else wrong.
 
 use std::process::Command;
 

@@ -1,5 +1,7 @@
 //! The command line every projection binary shares: `run`, `rebuild`, `redrive`, `parked list|discard`,
 //! `held list|release`, plus connection flags. Each binary adds its own read command (`show`, `query`).
+//! It has no fault flag: the testing twin `waybill-projection-faulty` (built only with the
+//! `fault-injection` feature) reads its own and hands them in as [`Faults`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,7 +19,28 @@ use crate::held::{self, HeldError};
 use crate::park::{self, ParkedError};
 use crate::partition::Partitions;
 use crate::projection::Projection;
-use crate::runner::{Runner, RunnerConfig, Tally};
+use crate::runner::{FailPoint, Runner, RunnerConfig, Tally};
+
+/// The testing twin's name and its flag that breaks the checkpoint check of `run` (for the chaos
+/// harness's proof): `None` without the `fault-injection` feature, so that a build without it names
+/// neither (the harness asks for them here).
+#[cfg(feature = "fault-injection")]
+pub const CHECKPOINT_BREAKING_TWIN: Option<(&str, &str)> =
+    Some(("waybill-projection-faulty", "--ignore-checkpoint"));
+/// See above: this build has no twin.
+#[cfg(not(feature = "fault-injection"))]
+pub const CHECKPOINT_BREAKING_TWIN: Option<(&str, &str)> = None;
+
+/// The deliberate failures a faulty twin asks for; the projection binaries always run with none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Where `run` or `rebuild` stops on purpose.
+    pub fail_point: FailPoint,
+    /// `run` applies redelivered events again (a deliberately broken projection, which the chaos
+    /// harness must catch); refused without its consent in the environment.
+    #[cfg(feature = "fault-injection")]
+    pub ignore_checkpoint: bool,
+}
 
 /// The command line of a projection binary: connection flags, the commands every projection has, and
 /// the binary's own read commands `R`.
@@ -74,12 +97,41 @@ pub async fn main_from<P: Projection, R: Subcommand + std::fmt::Debug>(
     read_routes: impl FnOnce(PgPool) -> axum::Router,
     read: impl AsyncFnOnce(R, PgPool, bool) -> anyhow::Result<()>,
 ) -> ExitCode {
-    let cli: Cli<R> =
-        ops::command_line::parse_command_from(Cli::<R>::command().name(name).about(about), args);
+    let command = Cli::<R>::command().name(name).about(about);
+    main_with(
+        args,
+        command,
+        projection,
+        read_routes,
+        read,
+        Faults::default(),
+    )
+    .await
+}
+
+/// [`main_from`] with the command already named and described, and `faults` (only the faulty twin
+/// hands in others than none).
+pub async fn main_with<P: Projection, R: Subcommand + std::fmt::Debug>(
+    args: Vec<std::ffi::OsString>,
+    command: clap::Command,
+    projection: P,
+    read_routes: impl FnOnce(PgPool) -> axum::Router,
+    read: impl AsyncFnOnce(R, PgPool, bool) -> anyhow::Result<()>,
+    faults: Faults,
+) -> ExitCode {
+    let cli: Cli<R> = ops::command_line::parse_command_from(command, args);
     ops::init_logging("info,sqlx=warn,async_nats=warn");
     let outcome = match cli.command {
         Command::Common(common) => {
-            run_common(projection, &cli.connection, common, cli.json, read_routes).await
+            run_common(
+                projection,
+                &cli.connection,
+                common,
+                cli.json,
+                read_routes,
+                faults,
+            )
+            .await
         }
         Command::Read(command) => {
             match crate::schema::connect(&cli.connection.shared.database.url, P::NAME, P::TABLES)
@@ -183,20 +235,7 @@ pub enum Common {
     /// after it — then swap it in and move the live consumers behind it. Refused, changing nothing,
     /// when neither the event store (no SELECT on events) nor the stream (first messages gone)
     /// holds the whole history.
-    Rebuild {
-        /// Testing only: fail after building, before the swap.
-        #[cfg(feature = "fault-injection")]
-        #[arg(long, hide = true)]
-        fail_before_swap: bool,
-        /// Testing only: abort the process after the swap commits, before moving any consumer.
-        #[cfg(feature = "fault-injection")]
-        #[arg(long, hide = true)]
-        crash_after_swap: bool,
-        /// Testing only: abort the process after moving the first live consumer behind the swap.
-        #[cfg(feature = "fault-injection")]
-        #[arg(long, hide = true)]
-        crash_after_first_consumer_moved: bool,
-    },
+    Rebuild,
     /// Re-apply parked messages (after an upgrade taught the code their shape); reports why each one
     /// that is still parked failed again. Recorded in the operator log.
     Redrive {
@@ -321,17 +360,6 @@ pub struct RunArgs {
     /// At least 16 characters; prefer the environment variable (flags show up in `ps`).
     #[arg(long, env = "WAYBILL_OPERATOR_TOKEN", hide_env_values = true, value_parser = ops::OperatorToken::parse)]
     pub operator_token: Option<ops::OperatorToken>,
-
-    /// Testing only: abort after a batch commits, before acking it.
-    #[cfg(feature = "fault-injection")]
-    #[arg(long, hide = true)]
-    pub crash_after_commit: bool,
-
-    /// Testing only: apply redelivered events again (a deliberately broken projection, which the
-    /// chaos harness must catch).
-    #[cfg(feature = "fault-injection")]
-    #[arg(long, hide = true)]
-    pub ignore_checkpoint: bool,
 }
 
 impl Connection {
@@ -353,59 +381,20 @@ impl Connection {
     }
 }
 
-/// Runs a shared command for projection `P`. `read_routes` are served by `run --listen`.
+/// Runs a shared command for projection `P`, with `faults` (none but in the faulty twin).
+/// `read_routes` are served by `run --listen`.
 pub async fn run_common<P: Projection>(
     projection: P,
     connection: &Connection,
     command: Common,
     json_output: bool,
     read_routes: impl FnOnce(PgPool) -> axum::Router,
+    faults: Faults,
 ) -> anyhow::Result<()> {
-    #[cfg_attr(not(feature = "fault-injection"), allow(unused_mut))]
     let mut config = connection.runner_config()?;
     #[cfg(feature = "fault-injection")]
-    match &command {
-        Common::Run(args) if args.crash_after_commit => {
-            config.fail_point = crate::runner::FailPoint::AbortAfterCommit;
-        }
-        Common::Rebuild {
-            fail_before_swap: true,
-            ..
-        } => config.fail_point = crate::runner::FailPoint::FailBeforeSwap,
-        Common::Rebuild {
-            crash_after_swap: true,
-            ..
-        } => config.fail_point = crate::runner::FailPoint::AbortAfterSwap,
-        Common::Rebuild {
-            crash_after_first_consumer_moved: true,
-            ..
-        } => config.fail_point = crate::runner::FailPoint::AbortAfterFirstConsumerMoved,
-        _ => {}
-    }
-    #[cfg(feature = "fault-injection")]
-    if let Common::Run(RunArgs {
-        ignore_checkpoint: true,
-        ..
-    }) = &command
-    {
-        // A pasted command line must not break a real projection: the flag also needs its consent
-        // in the environment, which only the chaos harness's proof sets.
-        if std::env::var(crate::plan::BREAK_CHECKPOINT_VAR).as_deref()
-            != Ok(crate::plan::BREAK_CHECKPOINT_CONSENT)
-        {
-            return Err(ops::Refused::new(format!(
-                "--ignore-checkpoint applies events twice on purpose; it runs only with {}={}",
-                crate::plan::BREAK_CHECKPOINT_VAR,
-                crate::plan::BREAK_CHECKPOINT_CONSENT
-            ))
-            .into());
-        }
-        tracing::error!(
-            projection = P::NAME,
-            "deliberately broken: redelivered events will be applied again (--ignore-checkpoint)"
-        );
-        crate::plan::ignore_checkpoint();
-    }
+    apply_faults(P::NAME, &command, faults)?;
+    config.fail_point = faults.fail_point;
     let runner = Arc::new(
         Runner::connect(
             projection,
@@ -415,7 +404,7 @@ pub async fn run_common<P: Projection>(
         )
         .await?,
     );
-    if !matches!(command, Common::Rebuild { .. }) {
+    if !matches!(command, Common::Rebuild) {
         crate::schema::check_layout(runner.pool(), P::NAME).await?;
     }
     match command {
@@ -450,7 +439,7 @@ pub async fn run_common<P: Projection>(
             lag.abort();
             print_summary(&runner, "consumed", &tally, json_output).await?;
         }
-        Common::Rebuild { .. } => {
+        Common::Rebuild => {
             let total = runner.history_size().await;
             let bar =
                 indicatif::ProgressBar::new(total).with_message(format!("rebuilding {}", P::NAME));
@@ -732,6 +721,57 @@ async fn print_summary<P: Projection>(
         for p in &parked {
             println!("  parked {:>6}  {}", p.id, p.reason);
         }
+    }
+    Ok(())
+}
+
+/// Refuses a fault that the command would never reach (a `run` fault given to `rebuild`, or the
+/// reverse), and breaks this process's checkpoint check when asked — only with its consent in the
+/// environment, so that a pasted command line cannot break a real projection.
+#[cfg(feature = "fault-injection")]
+fn apply_faults(projection: &str, command: &Common, faults: Faults) -> Result<(), ops::Refused> {
+    let for_run = faults.ignore_checkpoint || faults.fail_point == FailPoint::AbortAfterCommit;
+    let for_rebuild = matches!(
+        faults.fail_point,
+        FailPoint::FailBeforeSwap
+            | FailPoint::AbortAfterSwap
+            | FailPoint::AbortAfterFirstConsumerMoved
+    );
+    match command {
+        Common::Run(_) if for_rebuild => {
+            return Err(ops::Refused::new(format!(
+                "{:?} stops a rebuild; `run` never reaches it",
+                faults.fail_point
+            )));
+        }
+        Common::Rebuild if for_run => {
+            return Err(ops::Refused::new(
+                "--crash-after-commit and --ignore-checkpoint are faults of `run`, not `rebuild`",
+            ));
+        }
+        Common::Run(_) | Common::Rebuild => {}
+        _ if for_run || for_rebuild => {
+            return Err(ops::Refused::new(
+                "the fault flags apply to `run` and `rebuild` only",
+            ));
+        }
+        _ => {}
+    }
+    if faults.ignore_checkpoint {
+        if std::env::var(crate::plan::BREAK_CHECKPOINT_VAR).as_deref()
+            != Ok(crate::plan::BREAK_CHECKPOINT_CONSENT)
+        {
+            return Err(ops::Refused::new(format!(
+                "--ignore-checkpoint applies events twice on purpose; it runs only with {}={}",
+                crate::plan::BREAK_CHECKPOINT_VAR,
+                crate::plan::BREAK_CHECKPOINT_CONSENT
+            )));
+        }
+        tracing::error!(
+            projection,
+            "deliberately broken: redelivered events will be applied again (--ignore-checkpoint)"
+        );
+        crate::plan::ignore_checkpoint();
     }
     Ok(())
 }

@@ -15,16 +15,16 @@ use uuid::Uuid;
 use crate::checkpoint::{Checkpoint, Decision, Facts, decide};
 
 /// The deliberately broken mode: redeliveries are applied again. It exists only in `fault-injection`
-/// builds, switched on by the hidden `run --ignore-checkpoint`, so that the chaos harness can prove it
-/// catches a projection that ignores its checkpoint. Process-wide because it stands for a broken build,
+/// builds, switched on by `waybill-projection-faulty NAME run --ignore-checkpoint`, so that the chaos
+/// harness can prove it catches a projection that ignores its checkpoint. Process-wide because it stands for a broken build,
 /// not for a setting a caller could choose per batch.
 #[cfg(feature = "fault-injection")]
 static IGNORE_CHECKPOINT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// The environment variable, and its value, without which `--ignore-checkpoint` refuses to run.
-#[cfg(feature = "fault-injection")]
+/// The environment variable, and its value, without which `--ignore-checkpoint` refuses to run (in
+/// every build: the chaos harness sets it for the faulty twin it starts).
 pub const BREAK_CHECKPOINT_VAR: &str = "WAYBILL_BREAK_CHECKPOINT";
-#[cfg(feature = "fault-injection")]
+/// See [`BREAK_CHECKPOINT_VAR`].
 pub const BREAK_CHECKPOINT_CONSENT: &str = "apply-redeliveries-again";
 
 /// Breaks this process's checkpoint check on purpose (see [`IGNORE_CHECKPOINT`]).

@@ -144,8 +144,14 @@ async fn a_crash_between_commit_and_ack_changes_nothing_on_redelivery(pool: PgPo
     {
         h.publish(&envelope(order, i as i64 + 1, event)).await;
     }
+    // The crash needs the faulty twin (`waybill-projection-faulty inventory`); the restart is the
+    // projection as installed.
     let inventory_binary = |extra: &[&str]| {
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-inventory"));
+        let faulty = !extra.is_empty();
+        let mut command = tokio::process::Command::new(if faulty { FAULTY } else { INVENTORY });
+        if faulty {
+            command.arg("inventory");
+        }
         command
             .args([
                 "--database-url",

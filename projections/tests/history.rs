@@ -415,9 +415,9 @@ async fn a_rebuild_killed_while_moving_the_consumers_is_completed_by_the_next_ru
     seed(&store, 6, 10).await;
     drain(&h).await;
 
-    let killed = binary(
+    let killed = faulty(
         &h,
-        INVENTORY,
+        "inventory",
         &[
             "--partitions",
             "2",
@@ -480,9 +480,9 @@ async fn a_running_projection_completes_a_handover_it_finds(pool: PgPool) {
     })
     .await;
 
-    let killed = binary(
+    let killed = faulty(
         &h,
-        INVENTORY,
+        "inventory",
         &["--partitions", "2", "rebuild", "--crash-after-swap"],
     )
     .output()

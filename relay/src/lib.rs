@@ -5,6 +5,7 @@
 //! (ARCHITECTURE.md explains the choice). [`Relay::step`] is one such transaction; [`Relay::run`] loops.
 
 pub mod admin;
+pub mod app;
 pub mod backoff;
 pub mod claim;
 pub mod cli;

@@ -12,6 +12,10 @@ use relay::{FailPoint, PublishFaults, StepError};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
+/// The relay as installed, and its twin that can be told to crash (`fault-injection` builds only).
+const RELAY: &str = env!("CARGO_BIN_EXE_waybill-relay");
+const FAULTY_RELAY: &str = env!("CARGO_BIN_EXE_waybill-relay-faulty");
+
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn a_step_publishes_each_row_once_with_its_headers_and_marks_it_sent(pool: PgPool) {
     let h = Harness::new(pool).await;
@@ -114,8 +118,9 @@ async fn a_puback_marked_duplicate_counts_as_success(pool: PgPool) {
 async fn sigkill_between_puback_and_mark_sent_is_recovered_by_dedupe(pool: PgPool) {
     let h = Harness::new(pool).await;
     testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
-    let relay_binary = |extra: &[&str]| {
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-relay"));
+    // The crash needs the faulty twin; the recovery is the relay as installed.
+    let relay_binary = |program: &str, extra: &[&str]| {
+        let mut command = tokio::process::Command::new(program);
         command
             .args([
                 "run",
@@ -133,7 +138,7 @@ async fn sigkill_between_puback_and_mark_sent_is_recovered_by_dedupe(pool: PgPoo
     };
 
     // The first relay publishes, gets its PubAck, and dies with the claim transaction open.
-    let crashed = relay_binary(&["--crash-after-publish"])
+    let crashed = relay_binary(FAULTY_RELAY, &["--crash-after-publish"])
         .output()
         .await
         .expect("relay runs");
@@ -155,7 +160,7 @@ async fn sigkill_between_puback_and_mark_sent_is_recovered_by_dedupe(pool: PgPoo
     );
 
     // Recovery needs nothing but a second pass: PostgreSQL released the dead session's locks.
-    let second = relay_binary(&[]).output().await.expect("relay runs");
+    let second = relay_binary(RELAY, &[]).output().await.expect("relay runs");
     assert!(
         second.status.success(),
         "{}",

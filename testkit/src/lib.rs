@@ -68,10 +68,10 @@ impl Run {
 }
 
 /// Builds every binary of the workspace that holds the crate at `crate_dir` (a test's
-/// `env!("CARGO_MANIFEST_DIR")`), for tests that run another crate's binary: cargo builds only the
-/// test's own crate's binaries for it. One build of the whole workspace, never `-p relay` alone: that
-/// would build the relay without the `fault-injection` feature the workspace unifies in, and replace
-/// the binary other tests run with hidden flags.
+/// `env!("CARGO_MANIFEST_DIR")`), and the relay's and the projections' testing twins
+/// (`waybill-relay-faulty`, `waybill-projection-faulty`), for tests that run another crate's binary:
+/// cargo builds only the test's own crate's binaries for it. Always this one feature set (the one
+/// scripts/test and scripts/demo build), so that the builds share what they compiled.
 pub fn build_workspace_binaries(crate_dir: &str) {
     let workspace = std::path::Path::new(crate_dir)
         .parent()
@@ -79,6 +79,7 @@ pub fn build_workspace_binaries(crate_dir: &str) {
     let built = std::process::Command::new(env!("CARGO"))
         .current_dir(workspace)
         .args(["build", "--quiet", "--workspace", "--bins"])
+        .args(["--features", "lab/fault-injection"])
         .status()
         .expect("cargo runs");
     assert!(built.success(), "the workspace's binaries build");

@@ -406,19 +406,41 @@ impl Fleet {
             )?;
         }
         // A killed projection's unacknowledged messages come back after the ack wait.
-        let mut projection_args = strings(&["run", "--ack-wait", "5s"]);
-        if broken_checkpoint {
-            projection_args.push("--ignore-checkpoint".to_owned());
+        let run_args = strings(&["run", "--ack-wait", "5s"]);
+        let mut launches = Vec::new();
+        for projection in PROJECTIONS {
+            // A broken checkpoint takes the faulty twin (`waybill-projection-faulty NAME …`): the
+            // projection binaries have no fault flag.
+            let (program, projection_args) = if broken_checkpoint {
+                let (twin, ignore_checkpoint) = projections::cli::CHECKPOINT_BREAKING_TWIN
+                    .context(
+                        "--broken-checkpoint needs the projections' testing twin, which this build \
+                     lacks: build with `--features lab/fault-injection`",
+                    )?;
+                let twin = binaries.projections.join(twin);
+                anyhow::ensure!(
+                    twin.is_file(),
+                    "{} is missing: build the testing twins first (`cargo build --workspace --bins \
+                     --features lab/fault-injection`)",
+                    twin.display()
+                );
+                let mut args = vec![projection.to_owned()];
+                args.extend(run_args.iter().cloned());
+                args.push(ignore_checkpoint.to_owned());
+                (twin, args)
+            } else {
+                let program = binaries.projections.join(format!("waybill-{projection}"));
+                (program, run_args.clone())
+            };
+            launches.push((projection, program, projection_args));
         }
-        let built_in = PROJECTIONS.map(|name| {
-            let program = binaries.projections.join(format!("waybill-{name}"));
-            (name, program, Vec::new())
-        });
-        let models = projections::registry::MODELS
-            .iter()
-            .map(|model| (model.name(), kit.clone(), vec![model.name().to_owned()]));
-        for (projection, program, command) in built_in.into_iter().chain(models) {
-            let mut projection_args = [command, projection_args.clone()].concat();
+        // Every read model of the registry, as `waybill-projection NAME run` (the broken checkpoint
+        // is the built-in projections' alone).
+        for model in projections::registry::MODELS {
+            let args = [vec![model.name().to_owned()], run_args.clone()].concat();
+            launches.push((model.name(), kit.clone(), args));
+        }
+        for (projection, program, mut projection_args) in launches {
             if partitions == 1 {
                 add(
                     projection,

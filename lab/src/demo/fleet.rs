@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use projections::{Inventory, Points, Projection, Runner, RunnerConfig, Search};
-use relay::{FailPoint, Relay, RelayConfig, StreamSettings};
+use relay::{Relay, RelayConfig, StreamSettings};
 use store::{EventStore, GroupCommit, OutboxNotifier};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -297,36 +297,35 @@ impl Fleet {
     }
 
     /// Reproduces the crash window once: a relay publishes, gets its PubAck, and dies before marking.
+    /// In either shape it is the relay's testing twin, a process: the relay as installed has no
+    /// fault flag (and this program no fail point). Refused by a build without the twin.
     pub async fn crash_a_relay(&self) -> anyhow::Result<()> {
-        match &self.running {
+        let (twin, crash_after_publish) = relay::app::CRASHING_TWIN.context(
+            "the crash window needs the relay's testing twin, which this build lacks: build with \
+             `--features lab/fault-injection` (scripts/demo does)",
+        )?;
+        let scratch;
+        let logs = match &self.running {
+            Running::Processes { logs, .. } => logs.as_path(),
             Running::Tasks { .. } => {
-                let relay = Relay::connect(
-                    &self.wiring.database_url,
-                    &self.wiring.nats_url,
-                    self.relay_config("demo-relay-crashing"),
-                )
-                .await?
-                .with_fail_point(FailPoint::AbandonAfterPublish);
-                relay.step().await?;
+                scratch = tempfile::tempdir()?;
+                scratch.path()
             }
-            Running::Processes { logs, .. } => {
-                let mut crashing = command(
-                    &binary("waybill-relay")?,
-                    &self.wiring,
-                    logs,
-                    "relay-crashing",
-                )?;
-                crashing.args([
-                    "run",
-                    "--once",
-                    "--crash-after-publish",
-                    "--relay-id",
-                    "demo-relay-crashing",
-                ]);
-                let status = crashing.status().await?;
-                anyhow::ensure!(!status.success(), "the crashing relay did not crash");
-            }
-        }
+        };
+        let mut crashing = command(&binary(twin)?, &self.wiring, logs, "relay-crashing")?;
+        crashing.args([
+            "run",
+            "--once",
+            crash_after_publish,
+            "--relay-id",
+            "demo-relay-crashing",
+        ]);
+        let status = crashing.status().await?;
+        anyhow::ensure!(
+            !status.success(),
+            "the crashing relay did not crash: {}",
+            log_tail(logs, "relay-crashing")
+        );
         Ok(())
     }
 
@@ -521,7 +520,8 @@ pub(crate) fn binary(name: &str) -> anyhow::Result<PathBuf> {
     let path = here.with_file_name(name);
     anyhow::ensure!(
         path.is_file(),
-        "{} is missing: build every binary first (`cargo build --workspace --bins`), or run the demo without --processes",
+        "{} is missing: build every binary and the testing twins first (`cargo build --workspace \
+         --bins --features lab/fault-injection`, as scripts/demo does)",
         path.display()
     );
     Ok(path)

@@ -1,9 +1,10 @@
-//! `waybill demo`: the whole system on one machine in under a minute. Migrates a fresh database,
-//! provisions a fresh stream, starts the order service, the three projections, every read model of
-//! `projections/src/models/` and (after reproducing
-//! the crash window) the relay, plays a scripted story over HTTP, injects a legacy v1 event and a
-//! duplicate publish, waits for everything to settle while showing progress, and compares what the
-//! projections say with what the event store says. Exits 0 only when they agree.
+//! `waybill demo`: the whole system on one machine in about a minute. Migrates a database and
+//! provisions a stream of its own for the run, starts the order service, the three projections,
+//! every read model of `projections/src/models/` and (after reproducing the crash window) the relay,
+//! plays a scripted story over HTTP, injects a legacy v1 event and a duplicate publish, waits for
+//! everything to settle while showing progress, and compares what the projections say with what the
+//! event store says. Exits 0 only when they agree. Then it removes the database and the stream (with
+//! `--keep`, only after Ctrl-C).
 
 mod facts;
 pub(crate) mod fleet;
@@ -27,8 +28,9 @@ use fleet::{Fleet, Wiring};
 use scenario::{Api, Played};
 use services::Services;
 
-/// The demo's own database and stream by default, recreated on every run so the story starts from
-/// nothing; flags and the environment choose others, so two runs on one server cannot collide.
+/// The demo's database, stream and subject prefix by default: these, suffixed with the run's start
+/// time and process id (`waybill_demo_20261204_191502_4242`), so that the story starts from nothing
+/// and two runs on one server cannot collide; flags and the environment choose others.
 const DATABASE: &str = "waybill_demo";
 const STREAM: &str = "WAYBILL_DEMO";
 const PREFIX: &str = "waybill.demo";
@@ -45,19 +47,27 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 60)]
     pub orders: usize,
 
-    /// The database the demo recreates for itself on the PostgreSQL server of --database-url
-    /// (default: waybill_demo, or waybill_rollout with --rollout).
+    /// The database the demo recreates for itself on the PostgreSQL server of --database-url, and
+    /// drops at the end (default: waybill_demo_<time>_<pid>, one per run; waybill_rollout, kept,
+    /// with --rollout).
     #[arg(long, env = "WAYBILL_DEMO_DATABASE")]
     pub database_name: Option<String>,
 
-    /// The JetStream stream the demo recreates for itself (default: WAYBILL_DEMO, or WAYBILL_ROLLOUT
-    /// with --rollout).
+    /// The JetStream stream the demo recreates for itself, and deletes at the end (default:
+    /// WAYBILL_DEMO_<time>_<pid>; WAYBILL_ROLLOUT, kept, with --rollout).
     #[arg(long, env = "WAYBILL_DEMO_STREAM")]
     pub stream: Option<String>,
 
-    /// Its subject prefix (default: waybill.demo, or waybill.rollout with --rollout).
+    /// Its subject prefix (default: waybill.demo_<time>_<pid>, or waybill.rollout with --rollout).
     #[arg(long, env = "WAYBILL_DEMO_SUBJECT_PREFIX")]
     pub subject_prefix: Option<String>,
+
+    /// After the verdict (pass or fail), leave everything running — services, database, stream —
+    /// and print where they are, for exploring; Ctrl-C (or SIGTERM) then stops and removes them.
+    /// Without it they are removed at once. Not with --rollout, which leaves its database and
+    /// stream behind.
+    #[arg(long, conflicts_with = "rollout")]
+    pub keep: bool,
 
     /// Tell the rolling upgrade of order.placed from v2 to v3 instead, over the real processes:
     /// projections started as old readers (--max-version order.placed=2) and the order service as
@@ -86,16 +96,26 @@ pub async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()> {
         println!("           {line}");
     }
     let (database, stream, prefix) = if args.rollout {
-        rollout::NAMES
+        let (database, stream, prefix) = rollout::NAMES;
+        (database.to_owned(), stream.to_owned(), prefix.to_owned())
     } else {
-        (DATABASE, STREAM, PREFIX)
+        let run = format!(
+            "{}_{}",
+            chrono::Utc::now().format("%Y%m%d_%H%M%S"),
+            std::process::id()
+        );
+        (
+            format!("{DATABASE}_{run}"),
+            format!("{STREAM}_{run}"),
+            format!("{PREFIX}_{run}"),
+        )
     };
-    let database = args.database_name.clone().unwrap_or(database.to_owned());
+    let database = args.database_name.clone().unwrap_or(database);
     let wiring = Wiring {
         database_url: services.database_url(&database),
         nats_url: services.nats_url.clone(),
-        stream: args.stream.clone().unwrap_or(stream.to_owned()),
-        subject_prefix: args.subject_prefix.clone().unwrap_or(prefix.to_owned()),
+        stream: args.stream.clone().unwrap_or(stream),
+        subject_prefix: args.subject_prefix.clone().unwrap_or(prefix),
         log_filter: fleet::DEMO_LOG_FILTER,
     };
     let pool = fresh_database(&services, &database, &wiring.database_url).await?;
@@ -140,12 +160,91 @@ pub async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()> {
         ),
     );
     let outcome = play_and_check(&mut fleet, &pool, &js, &args, started).await;
+    if args.keep
+        && let Err(error) = keep_until_stopped(&fleet, &database, &wiring, &outcome).await
+    {
+        eprintln!("demo: cannot keep the services running: {error:#}");
+    }
     let logs = fleet.stop().await;
     if let Some(logs) = logs {
         println!("           service logs: {}", logs.display());
     }
+    pool.close().await;
+    match remove(&services, &database, &js, &wiring.stream).await {
+        Ok(()) => println!(
+            "           removed the database {database} and the stream {}{}",
+            wiring.stream,
+            if args.keep {
+                ""
+            } else {
+                " (--keep leaves them, and the services, running)"
+            }
+        ),
+        Err(error) => eprintln!(
+            "demo: could not remove the database {database} or the stream {}: {error:#}",
+            wiring.stream
+        ),
+    }
     drop(services);
     outcome
+}
+
+/// `--keep`: says where everything is and waits for SIGINT (Ctrl-C) or SIGTERM. The handlers are in
+/// place before the line saying so is printed, so a signal sent on reading it is never missed.
+async fn keep_until_stopped(
+    fleet: &Fleet,
+    database: &str,
+    wiring: &Wiring,
+    outcome: &anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let verdict = match outcome {
+        Ok(()) => "passed".to_owned(),
+        Err(error) => format!("failed ({error:#})"),
+    };
+    println!(
+        "
+the demo {verdict}; everything is kept running for exploring:"
+    );
+    println!("           order service  {}", fleet.api);
+    println!("           console        {}/console", fleet.console);
+    for (name, url) in &fleet.reads {
+        println!("           {name:<14} {url}");
+    }
+    println!(
+        "           database {database}, stream {} (subjects {}.>)",
+        wiring.stream, wiring.subject_prefix
+    );
+    println!("press Ctrl-C to stop the services and remove the database and the stream");
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
+
+/// Drops the demo's database and deletes its stream.
+async fn remove(
+    services: &Services,
+    database: &str,
+    js: &jetstream::Context,
+    stream: &str,
+) -> anyhow::Result<()> {
+    let admin =
+        ops::database::connect(&services.database_url("postgres"), "waybill-demo", 1).await?;
+    let dropped = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await;
+    admin.close().await;
+    dropped.with_context(|| format!("dropping the database {database}"))?;
+    js.delete_stream(stream)
+        .await
+        .with_context(|| format!("deleting the stream {stream}"))?;
+    Ok(())
 }
 
 async fn play_and_check(

@@ -186,6 +186,12 @@ pub fn model(h: &Harness, name: &str, args: &[&str]) -> tokio::process::Command 
     binary_with(h, PROJECTION, &[name], args)
 }
 
+/// `waybill-projection-faulty <projection>` (the projection binary with fault flags, `fault-injection`
+/// builds only) wired to the harness, with `args` after the connection flags.
+pub fn faulty(h: &Harness, projection: &str, args: &[&str]) -> tokio::process::Command {
+    binary_with(h, FAULTY, &[projection], args)
+}
+
 fn binary_with(h: &Harness, path: &str, first: &[&str], args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(path);
     command
@@ -226,3 +232,4 @@ pub const INVENTORY: &str = env!("CARGO_BIN_EXE_waybill-inventory");
 pub const POINTS: &str = env!("CARGO_BIN_EXE_waybill-points");
 pub const SEARCH: &str = env!("CARGO_BIN_EXE_waybill-search");
 pub const PROJECTION: &str = env!("CARGO_BIN_EXE_waybill-projection");
+pub const FAULTY: &str = env!("CARGO_BIN_EXE_waybill-projection-faulty");
