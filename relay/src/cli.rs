@@ -210,7 +210,7 @@ pub struct StreamArgs {
     /// The JetStream stream the relay publishes into.
     #[arg(long, env = "WAYBILL_STREAM", default_value = domain::wire::DEFAULT_STREAM)]
     pub stream: String,
-    /// The subject prefix (<prefix>.<aggregate type>.<aggregate id>).
+    /// The subject prefix (PREFIX.AGGREGATE_TYPE.AGGREGATE_ID).
     #[arg(long, env = "WAYBILL_SUBJECT_PREFIX", default_value = domain::wire::DEFAULT_SUBJECT_PREFIX)]
     pub subject_prefix: String,
 }

@@ -1,5 +1,5 @@
 //! The relay's metrics, by name. Counters and the latency histograms are recorded as work happens; the
-//! outbox gauges are refreshed from the database by [`crate::run`] every few seconds.
+//! outbox gauges are refreshed from the database by `run` every few seconds.
 
 use std::time::Duration;
 

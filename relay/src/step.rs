@@ -1,5 +1,5 @@
 //! One relay step: claim a batch, journal it, publish it in per-aggregate chains, settle it — and report
-//! what happened. [`crate::run`] loops over steps; tests drive steps directly.
+//! what happened. `run` loops over steps; tests drive steps directly.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -105,7 +105,7 @@ pub enum StepError {
 ///
 /// `journal_pool` must commit synchronously (`synchronous_commit = on`): the journal record has to
 /// survive a PostgreSQL crash (see [`relaying::journal`]). `lane`: claim only that lane's aggregates (see
-/// [`claim`]).
+/// [`claim()`]).
 pub async fn step(
     pool: &PgPool,
     journal_pool: &PgPool,

@@ -48,17 +48,17 @@ pub struct DemoArgs {
     pub orders: usize,
 
     /// The database the demo recreates for itself on the PostgreSQL server of --database-url, and
-    /// drops at the end (default: waybill_demo_<time>_<pid>, one per run; waybill_rollout, kept,
+    /// drops at the end (default: waybill_demo_TIME_PID, one per run; waybill_rollout, kept,
     /// with --rollout).
     #[arg(long, env = "WAYBILL_DEMO_DATABASE")]
     pub database_name: Option<String>,
 
     /// The JetStream stream the demo recreates for itself, and deletes at the end (default:
-    /// WAYBILL_DEMO_<time>_<pid>; WAYBILL_ROLLOUT, kept, with --rollout).
+    /// WAYBILL_DEMO_TIME_PID; WAYBILL_ROLLOUT, kept, with --rollout).
     #[arg(long, env = "WAYBILL_DEMO_STREAM")]
     pub stream: Option<String>,
 
-    /// Its subject prefix (default: waybill.demo_<time>_<pid>, or waybill.rollout with --rollout).
+    /// Its subject prefix (default: waybill.demo_TIME_PID, or waybill.rollout with --rollout).
     #[arg(long, env = "WAYBILL_DEMO_SUBJECT_PREFIX")]
     pub subject_prefix: Option<String>,
 
