@@ -360,7 +360,7 @@ async fn play_and_check(
 
     // 5. Everything settles.
     let settled = wait_for(
-        || settled(pool, js, &wiring.stream),
+        || settled(pool, js, &wiring.stream, &projections::registry::NAMES),
         Duration::from_secs(40),
     )
     .await;
@@ -480,23 +480,27 @@ async fn republish_with_new_id(
     Ok(())
 }
 
-/// True when no outbox row waits and every projection has applied everything.
-async fn settled(pool: &PgPool, js: &jetstream::Context, stream: &str) -> bool {
+/// True when no outbox row waits and each projection of `names` has applied everything.
+async fn settled(pool: &PgPool, js: &jetstream::Context, stream: &str, names: &[&str]) -> bool {
     let unsent = relay::admin::counts(pool, false)
         .await
         .map_or(1, |counts| counts.unsent());
     unsent == 0
-        && lag(js, stream)
+        && lag(js, stream, names)
             .await
             .is_some_and(|lags| lags.iter().all(|(_, lag)| *lag == 0))
 }
 
-/// Each projection consumer's messages not yet applied (undelivered plus unacknowledged), the read
-/// models' included.
-async fn lag(js: &jetstream::Context, stream: &str) -> Option<Vec<(&'static str, u64)>> {
+/// The messages not yet applied (undelivered plus unacknowledged) of each projection consumer of
+/// `names` (the demo's: the registry's, read models included).
+async fn lag<'a>(
+    js: &jetstream::Context,
+    stream: &str,
+    names: &[&'a str],
+) -> Option<Vec<(&'a str, u64)>> {
     let stream = js.get_stream(stream).await.ok()?;
     let mut lags = Vec::new();
-    for name in projections::registry::names() {
+    for &name in names {
         let mut consumer: jetstream::consumer::PullConsumer =
             stream.get_consumer(name).await.ok()?;
         let info = consumer.info().await.ok()?;
@@ -526,7 +530,9 @@ async fn progress(
             .filter(|(_, n)| *n > 0)
             .map(|(s, n)| format!("{n} {s}"))
             .collect();
-        let lags = lag(&js, &stream).await.unwrap_or_default();
+        let lags = lag(&js, &stream, &projections::registry::NAMES)
+            .await
+            .unwrap_or_default();
         let behind: Vec<String> = lags
             .iter()
             .map(|(name, lag)| format!("{name} {lag}"))

@@ -289,7 +289,12 @@ async fn settle(
     what: &str,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
-        wait_for(|| settled(pool, js, stream), Duration::from_secs(60)).await,
+        // The rollout runs the three built-in projections only (old and new binaries of each).
+        wait_for(
+            || settled(pool, js, stream, &PROJECTIONS),
+            Duration::from_secs(60)
+        )
+        .await,
         "{what}: the outbox and the projections did not settle within 60 s"
     );
     Ok(())
