@@ -15,7 +15,7 @@ use crate::demo::scenario::{Api, Played, play_one};
 
 /// `waybill load` options.
 #[derive(Debug, clap::Args)]
-pub struct LoadArgs {
+pub(crate) struct LoadArgs {
     /// Print the summary as JSON on standard output.
     #[arg(long)]
     pub json: bool,
@@ -39,7 +39,7 @@ pub struct LoadArgs {
 }
 
 /// Plays the lifecycles and prints the summary.
-pub async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
     let json_output = args.json;
     let (stop, _) = tokio::sync::watch::channel(false);
     let base = match &args.api {

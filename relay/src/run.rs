@@ -32,7 +32,7 @@ const UNSPLIT_EVERY: Duration = Duration::from_secs(1);
 
 /// How a relay names its PostgreSQL sessions (`application_name`), followed by its relay id. Relays
 /// end each other's stalled claims by this prefix; nothing else may use it.
-pub const APPLICATION_PREFIX: &str = "waybill-relay ";
+pub(crate) const APPLICATION_PREFIX: &str = "waybill-relay ";
 
 /// Why [`Relay::connect`] failed.
 #[derive(Debug, thiserror::Error)]

@@ -170,7 +170,7 @@ pub(crate) struct Part<'a> {
 }
 
 impl<'a> Part<'a> {
-    pub fn new(
+    pub(crate) fn new(
         expected_version: i64,
         events: &'a [EventEnvelope],
         traceparent: Option<&'a str>,

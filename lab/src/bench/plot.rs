@@ -11,7 +11,7 @@ const WIDTH: u32 = 1200;
 const HEIGHT: u32 = 480;
 
 /// Draws what `report` has into `path`.
-pub fn draw(path: &Path, report: &Report) -> anyhow::Result<()> {
+pub(super) fn draw(path: &Path, report: &Report) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     let title = format!(

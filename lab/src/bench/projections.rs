@@ -23,7 +23,7 @@ const DATABASE: &str = "waybill_bench_projections";
 
 /// Events applied per second, per projection (medians over the rounds).
 #[derive(Debug, Clone, Serialize)]
-pub struct ProjectionFigures {
+pub(super) struct ProjectionFigures {
     pub inventory: f64,
     pub points: f64,
     pub search: f64,
@@ -34,7 +34,7 @@ pub struct ProjectionFigures {
 }
 
 /// Fills the stream once and measures the three projections.
-pub async fn measure(
+pub(super) async fn measure(
     services: &Services,
     profile: &Profile,
     progress: &Progress,

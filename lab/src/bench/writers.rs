@@ -21,11 +21,11 @@ use crate::demo::services::Services;
 const DATABASE: &str = "waybill_bench_commands";
 
 /// Concurrency levels measured.
-pub const WRITERS: [usize; 3] = [1, 4, 16];
+pub(super) const WRITERS: [usize; 3] = [1, 4, 16];
 
 /// The figures at one concurrency level.
 #[derive(Debug, Clone, Serialize)]
-pub struct WriterFigures {
+pub(super) struct WriterFigures {
     /// Median of the per-round ratios, store ÷ plain transaction.
     pub ratio: f64,
     /// Orders per second through the store (median).
@@ -53,7 +53,7 @@ struct Sample {
 }
 
 /// Measures every concurrency level, in a fresh database `waybill_bench_commands`.
-pub async fn measure(
+pub(super) async fn measure(
     services: &Services,
     profile: &Profile,
     progress: &Progress,

@@ -23,7 +23,8 @@ use super::scenario::Api;
 use super::{settled, step, verify, wait_for};
 
 /// The rollout's own database, stream and subject prefix by default.
-pub const NAMES: (&str, &str, &str) = ("waybill_rollout", "WAYBILL_ROLLOUT", "waybill.rollout");
+pub(super) const NAMES: (&str, &str, &str) =
+    ("waybill_rollout", "WAYBILL_ROLLOUT", "waybill.rollout");
 
 /// What the old binaries know.
 const OLD: &str = "order.placed=2";
@@ -296,7 +297,7 @@ async fn settle(
 }
 
 /// Tells the story; `Ok` only when every projection agrees with the event store at the end.
-pub async fn tell(
+pub(super) async fn tell(
     wiring: &Wiring,
     pool: &PgPool,
     js: &jetstream::Context,
