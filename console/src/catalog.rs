@@ -172,7 +172,11 @@ mod tests {
         let upcasters = Upcasters::all();
         let current = upcasters.current_version("order.placed").expect("known");
         let steps = chain(&upcasters, "order.placed", 1).expect("known");
-        assert_eq!(steps.len() as i32, current - 1, "one step per version");
+        assert_eq!(
+            i32::try_from(steps.len()),
+            Ok(current - 1),
+            "one step per version"
+        );
         assert!(describe(&steps).contains("order_placed_v1_to_v2"));
         assert!(
             steps

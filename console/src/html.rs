@@ -87,6 +87,11 @@ pub(crate) fn count(n: i64) -> String {
 }
 
 /// An age in seconds, as `4.2 s`, `3 min 5 s` or `2 h 10 min`.
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "whole minutes and hours of an age of at least a minute: positive, and `as` from f64 saturates"
+)]
 pub(crate) fn age(seconds: f64) -> String {
     if seconds < 60.0 {
         format!("{seconds:.1} s")

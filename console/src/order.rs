@@ -22,6 +22,13 @@ use crate::{Console, Shared};
 
 /// An order's events are shown up to this many (an order has a handful; more is a broken writer).
 const MAX_EVENTS: i64 = 500;
+/// [`MAX_EVENTS`] as a length.
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "500 fits"
+)]
+const MAX_SHOWN: usize = MAX_EVENTS as usize;
 
 /// One event of the timeline.
 #[derive(Debug, Clone, Serialize)]
@@ -102,8 +109,8 @@ async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Erro
     let rows = store::outbox::admin::timeline(&console.pool, order, MAX_EVENTS + 1).await?;
     // One more than shown is read only to tell that there are more.
     let mut rows = rows;
-    let more_events = rows.len() as i64 > MAX_EVENTS;
-    rows.truncate(MAX_EVENTS as usize);
+    let more_events = rows.len() > MAX_SHOWN;
+    rows.truncate(MAX_SHOWN);
     let upcasters = Upcasters::all();
     let mut marks: Vec<OrderMarks> = Vec::with_capacity(readside::names().len());
     for &name in readside::names() {

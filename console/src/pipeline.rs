@@ -308,7 +308,11 @@ impl Sample {
             lag: snapshot
                 .projections
                 .iter()
-                .map(|p| p.behind_stream.map(|l| l as i64).or(p.behind_store))
+                .map(|p| {
+                    p.behind_stream
+                        .map(|l| i64::try_from(l).unwrap_or(i64::MAX))
+                        .or(p.behind_store)
+                })
                 .collect(),
         }
     }
@@ -350,10 +354,14 @@ impl History {
                 .events
                 .zip(base.events)
                 .map(|(now, then)| rate(now, then));
-            snapshot.rates.published_per_s = sample
-                .stream_last
-                .zip(base.stream_last)
-                .map(|(now, then)| rate(now as i64, then as i64));
+            snapshot.rates.published_per_s =
+                sample.stream_last.zip(base.stream_last).map(|(now, then)| {
+                    // Stream sequences stay far below 2^63; saturating keeps a hostile one harmless.
+                    rate(
+                        i64::try_from(now).unwrap_or(i64::MAX),
+                        i64::try_from(then).unwrap_or(i64::MAX),
+                    )
+                });
             for (i, name) in readside::names().iter().enumerate() {
                 if let (Some(Some(now)), Some(Some(then))) =
                     (sample.applied.get(i), base.applied.get(i))

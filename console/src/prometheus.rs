@@ -19,6 +19,11 @@ pub(crate) struct Sum {
 impl Sum {
     /// The total as a whole count (counters count events); saturates instead of wrapping when a
     /// hostile endpoint sends 1e300.
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "saturating on purpose: `as` from f64 clamps to 0..=u64::MAX (and NaN to 0)"
+    )]
     pub(crate) fn count(&self) -> u64 {
         // `as` from f64 saturates at the bounds; the total is never negative or NaN.
         self.total.round() as u64

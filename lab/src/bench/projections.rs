@@ -91,7 +91,7 @@ async fn rounds<P: Projection + Clone>(
             )
             .await?;
         anyhow::ensure!(
-            tally.applied as usize == events,
+            usize::try_from(tally.applied).is_ok_and(|applied| applied == events),
             "{} applied {} of {events} events",
             P::NAME,
             tally.applied
@@ -135,14 +135,9 @@ async fn fill_stream(js: &jetstream::Context, prefix: &str, events: usize) -> an
                 tracking_number: domain::Note::parse("T")?,
             }))
         };
-        for (version, event) in [placed, paid, last].iter().enumerate() {
+        for (version, event) in (1_i64..).zip([placed, paid, last].iter()) {
             if envelopes.len() < events {
-                envelopes.push(EventEnvelope::wrap(
-                    event,
-                    order,
-                    version as i64 + 1,
-                    meta(),
-                ));
+                envelopes.push(EventEnvelope::wrap(event, order, version, meta()));
             }
         }
     }

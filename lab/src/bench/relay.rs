@@ -212,6 +212,11 @@ pub(super) async fn measure(
         baseline: median(runs.baseline.clone()),
         cpu_us: median_cpu(&cpu_best),
         cpu_us_one_lane: median_cpu(&cpu_one),
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "the median of peak RSS figures (KiB, from u64s): non-negative and in range"
+        )]
         best_peak_rss_kib: median(rss) as u64,
         runs,
         wall: Wall {

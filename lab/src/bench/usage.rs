@@ -123,7 +123,8 @@ async fn backends(pool: &PgPool, watched: &Watched) -> Vec<u32> {
         .await
         .unwrap_or_default()
         .into_iter()
-        .map(|pid| pid as u32)
+        // PostgreSQL's backend pids are positive.
+        .filter_map(|pid| u32::try_from(pid).ok())
         .collect()
 }
 

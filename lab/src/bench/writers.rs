@@ -64,7 +64,8 @@ pub(super) async fn measure(
         .await?
         .close()
         .await;
-    let pool = ops::database::connect(&url, "waybill-bench", WRITERS[2] as u32 + 2).await?;
+    let pool =
+        ops::database::connect(&url, "waybill-bench", u32::try_from(WRITERS[2])? + 2).await?;
     let duration = Duration::from_secs_f64(profile.writer_seconds);
     let mut figures = Vec::new();
     for writers in WRITERS {
@@ -150,7 +151,7 @@ async fn run_writers(
                         }
                         Mode::PlainTransaction => plain_transaction(&pool).await?,
                     }
-                    latencies.push(t.elapsed().as_micros() as u64);
+                    latencies.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
                 }
                 anyhow::Ok(latencies)
             })

@@ -110,6 +110,10 @@ impl FaultKind {
 /// How long a frozen relay stays frozen: until another relay has ended its claim (the claim timeout,
 /// or the reaper at 1.1 × it, checking once a second) and republished its rows, and then past the
 /// dedupe window, so that what the zombie still sends on waking is stopped by the broker fence alone.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "a claim timeout and a dedupe window of seconds, in ms: far below 2^64"
+)]
 const RELAY_FROZEN: Duration = Duration::from_millis(
     CLAIM_TIMEOUT.as_millis() as u64 * 11 / 10 + 1_000 + DEDUPE_WINDOW.as_millis() as u64 + 2_000,
 );
@@ -138,6 +142,10 @@ pub(super) struct Planned {
 
 /// The schedule: every kind once in a shuffled order, then random kinds, one fault per ~12 s of load
 /// on average, each at a jittered moment of its own slot.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "count is the number of faults in one run: one per ~12 s, a few thousand at most"
+)]
 pub(super) fn schedule(kinds: &[FaultKind], duration: Duration, seed: u64) -> Vec<Planned> {
     use rand::SeedableRng;
     let mut rng = StdRng::seed_from_u64(seed);

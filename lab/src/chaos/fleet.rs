@@ -608,7 +608,7 @@ impl Fleet {
             .child
             .as_ref()
             .and_then(Child::id)
-            .and_then(|id| Pid::from_raw(id as i32))
+            .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?))
             .with_context(|| format!("{name} is not running"))?;
         kill_process(pid, signal).with_context(|| format!("signalling {name}"))?;
         process.frozen = frozen;
@@ -648,13 +648,13 @@ impl Fleet {
                 .child
                 .as_ref()
                 .and_then(Child::id)
-                .and_then(|id| Pid::from_raw(id as i32))
+                .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?))
             else {
                 continue;
             };
             process.peak_rss_kib = process
                 .peak_rss_kib
-                .max(peak_rss_kib(pid.as_raw_pid() as u32));
+                .max(peak_rss_kib(pid.as_raw_pid().unsigned_abs()));
             if process.frozen {
                 let _ = kill_process(pid, Signal::CONT);
             }

@@ -122,7 +122,14 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
+            .map_or(1, |d| {
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "only a seed from the clock: dropping the high bits is fine"
+                )]
+                let nanos = d.as_nanos() as u64;
+                nanos % 1_000_000_007
+            })
     });
     let kinds = if args.faults.is_empty() {
         FaultKind::defaults(args.cluster)

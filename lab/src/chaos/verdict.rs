@@ -609,8 +609,9 @@ async fn check_parked_and_held(
             let unexplained = rows
                 .iter()
                 .filter(|(sequence, headers)| {
-                    let sent =
-                        sequence.is_some_and(|s| injected.hostile_sequences.contains(&(s as u64)));
+                    let sent = sequence.is_some_and(|s| {
+                        u64::try_from(s).is_ok_and(|s| injected.hostile_sequences.contains(&s))
+                    });
                     !sent && !marked_hostile(headers)
                 })
                 .count();
@@ -641,7 +642,9 @@ mod tests {
 
     fn event(order: u128, version: i64, event_type: &str, payload: Value) -> StoredEvent {
         StoredEvent {
-            event_id: Uuid::from_u128(order * 100 + version as u128),
+            event_id: Uuid::from_u128(
+                order * 100 + u128::try_from(version).expect("a positive version"),
+            ),
             event_type: event_type.to_owned(),
             aggregate_id: Uuid::from_u128(order),
             aggregate_version: version,

@@ -137,7 +137,8 @@ pub(super) async fn backlog(
             lags.push((name.clone(), info.num_pending + info.num_ack_pending as u64));
         }
         Some(Backlog {
-            unsent: unsent as u64,
+            // A count of rows: never negative.
+            unsent: u64::try_from(unsent).unwrap_or(0),
             lags,
         })
     };

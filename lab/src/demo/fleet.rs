@@ -403,7 +403,9 @@ impl Fleet {
             Running::Processes { children, logs } => {
                 for (_, child) in &children {
                     if let Some(pid) = child.id()
-                        && let Some(pid) = rustix::process::Pid::from_raw(pid as i32)
+                        && let Some(pid) = i32::try_from(pid)
+                            .ok()
+                            .and_then(rustix::process::Pid::from_raw)
                     {
                         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
                     }

@@ -31,6 +31,9 @@ const OLD: &str = "order.placed=2";
 
 /// Orders placed in each phase.
 const ORDERS: usize = 8;
+/// [`ORDERS`] as PostgreSQL counts it.
+#[allow(clippy::cast_possible_wrap, reason = "8 fits")]
+const ORDER_ROWS: i64 = ORDERS as i64;
 
 const PROJECTIONS: [&str; 3] = [Inventory::NAME, Points::NAME, Search::NAME];
 
@@ -210,7 +213,9 @@ impl Processes {
 /// SIGTERM, then a kill after 15 s.
 async fn stop(mut child: Child) {
     if let Some(pid) = child.child.id()
-        && let Some(pid) = rustix::process::Pid::from_raw(pid as i32)
+        && let Some(pid) = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
     {
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     }
@@ -341,7 +346,7 @@ async fn story(
     settle(pool, js, &stream, "phase 1").await?;
     let versions = placed_versions(pool).await?;
     anyhow::ensure!(
-        versions == [(2, ORDERS as i64)],
+        versions == [(2, ORDER_ROWS)],
         "expected {ORDERS} order.placed v2, found {versions:?}"
     );
     let waits = waiting(pool).await?;
@@ -372,13 +377,13 @@ async fn story(
         .context("order.placed has a current version")?;
     let versions = placed_versions(pool).await?;
     anyhow::ensure!(
-        versions == [(2, ORDERS as i64), (current, ORDERS as i64)],
+        versions == [(2, ORDER_ROWS), (current, ORDER_ROWS)],
         "expected {ORDERS} order.placed v2 and {ORDERS} v{current}, found {versions:?}"
     );
     let waits = waiting(pool).await?;
     for (name, parked, held, _) in &waits {
         anyhow::ensure!(
-            *parked == ORDERS as i64 && *held == ORDERS as i64,
+            *parked == ORDER_ROWS && *held == ORDER_ROWS,
             "{name} should park the {ORDERS} v3 orders and hold their {ORDERS} payments; it parked {parked} and holds {held}"
         );
     }
