@@ -54,6 +54,8 @@ pub(crate) async fn record(
     start_sequence: u64,
 ) -> sqlx::Result<Uuid> {
     let token = Uuid::now_v7();
+    let start_sequence =
+        i64::try_from(start_sequence).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
     // Schema names are the projection's own (checked by `schema`), quoted.
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO \"{schema}\".handover (consumer, start_sequence, token)
@@ -63,7 +65,7 @@ pub(crate) async fn record(
                  recorded_at = now(), moved_at = NULL"
     )))
     .bind(consumers)
-    .bind(start_sequence as i64)
+    .bind(start_sequence)
     .bind(token)
     .execute(&mut *tx)
     .await?;
@@ -89,7 +91,7 @@ impl<P: Projection> Runner<P> {
         .await
         .map_err(HandoverError::Read)?;
         for (done, step) in moves.iter().enumerate() {
-            let start_sequence = step.start_sequence.max(1) as u64;
+            let start_sequence = u64::try_from(step.start_sequence.max(1)).unwrap_or(1);
             let failed = |source| HandoverError::Move {
                 consumer: step.consumer.clone(),
                 start_sequence,
