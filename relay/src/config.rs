@@ -98,6 +98,12 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
+    /// [`RelayConfig::lanes`], at least one, as PostgreSQL pools and peer seats count it (saturating:
+    /// no machine runs 2^32 lanes).
+    pub(crate) fn lane_count(&self) -> u32 {
+        u32::try_from(self.lanes.max(1)).unwrap_or(u32::MAX)
+    }
+
     /// The deliberate publish failures: none unless the `fault-injection` feature is on and asks.
     pub(crate) fn faults(&self) -> PublishFaults {
         #[cfg(feature = "fault-injection")]
