@@ -806,3 +806,23 @@ async fn lanes_claim_disjoint_aggregates_even_when_one_claim_could_take_them_all
         tx.rollback().await.expect("rollback");
     }
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_lane_count_past_postgresqls_int_is_refused_and_claims_nothing(pool: PgPool) {
+    // u32::MAX lanes as an int was -1: modulo -1 put every aggregate in lane 0.
+    seed(&pool, 2, 1).await;
+    let mut tx = relay::claim::begin(&pool).await.expect("begin");
+    let refused = relay::claim::claim(&mut tx, 100, 100, Some((0, u32::MAX))).await;
+    assert!(
+        matches!(refused, Err(sqlx::Error::Encode(_))),
+        "{refused:?}"
+    );
+    // Nothing was locked: another claim takes both heads.
+    let mut other = relay::claim::begin(&pool).await.expect("begin");
+    let rows = relay::claim::claim(&mut other, 100, 100, None)
+        .await
+        .expect("claim");
+    assert_eq!(rows.len(), 2);
+    other.rollback().await.expect("rollback");
+    tx.rollback().await.expect("rollback");
+}
