@@ -158,3 +158,37 @@ impl<P: Projection> Runner<P> {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[sqlx::test]
+    async fn a_start_past_bigint_is_refused_and_records_nothing(pool: sqlx::PgPool) {
+        sqlx::raw_sql(
+            "CREATE SCHEMA h;
+             CREATE TABLE h.handover (consumer TEXT PRIMARY KEY, start_sequence BIGINT NOT NULL,
+                 token UUID NOT NULL, recorded_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                 moved_at TIMESTAMPTZ);",
+        )
+        .execute(&pool)
+        .await
+        .expect("table");
+        let mut tx = pool.begin().await.expect("begin");
+        // As an i64, u64::MAX was -1: a start no consumer can be moved to.
+        let refused = record(&mut tx, "h", &["c".to_owned()], u64::MAX).await;
+        assert!(
+            matches!(refused, Err(sqlx::Error::Encode(_))),
+            "{refused:?}"
+        );
+        record(&mut tx, "h", &["c".to_owned()], 7)
+            .await
+            .expect("an in-range start is recorded");
+        tx.commit().await.expect("commit");
+        let starts: Vec<i64> = sqlx::query_scalar("SELECT start_sequence FROM h.handover")
+            .fetch_all(&pool)
+            .await
+            .expect("read");
+        assert_eq!(starts, [7]);
+    }
+}
