@@ -162,3 +162,20 @@ pub fn default_relay_id() -> String {
         .unwrap_or_else(|| "localhost".to_owned());
     format!("relay-{host}-{}", std::process::id())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lane_count_is_at_least_one_and_saturates_instead_of_wrapping() {
+        let with = |lanes| RelayConfig {
+            lanes,
+            ..RelayConfig::default()
+        };
+        assert_eq!(with(0).lane_count(), 1);
+        assert_eq!(with(8).lane_count(), 8);
+        // `as u32` made 2^32 lanes 0.
+        assert_eq!(with(1 << 32).lane_count(), u32::MAX);
+    }
+}
