@@ -54,11 +54,11 @@ fn refusal(status: StatusCode, kind: &str, detail: &str) -> Response {
 /// `POST /console/api/outbox/dead/replay` with `{"target": "all" | "<outbox id>" | "<event id>"}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ReplayRequest {
+pub(crate) struct ReplayRequest {
     target: String,
 }
 
-pub async fn replay_dead(
+pub(crate) async fn replay_dead(
     State(console): State<Shared>,
     headers: HeaderMap,
     body: axum::body::Bytes,
@@ -156,7 +156,7 @@ enum ProjectionAction {
 
 /// `POST /console/api/projections/{name}/redrive` with `{"by", "reason"}`: one call of the
 /// projection's redrive (its default batch; the answer says how many are still open).
-pub async fn redrive(
+pub(crate) async fn redrive(
     State(console): State<Shared>,
     Path(name): Path<String>,
     headers: HeaderMap,
@@ -173,7 +173,7 @@ pub async fn redrive(
 }
 
 /// `POST /console/api/projections/{name}/parked/{id}/discard` with `{"by", "reason"}`.
-pub async fn discard(
+pub(crate) async fn discard(
     State(console): State<Shared>,
     Path((name, id)): Path<(String, String)>,
     headers: HeaderMap,
@@ -197,7 +197,7 @@ pub async fn discard(
 }
 
 /// `POST /console/api/projections/{name}/held/{order}/release` with `{"by", "reason"}`.
-pub async fn release(
+pub(crate) async fn release(
     State(console): State<Shared>,
     Path((name, order)): Path<(String, String)>,
     headers: HeaderMap,

@@ -9,7 +9,7 @@ const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
 
 /// `GET /console/assets/{file}`.
-pub async fn serve(Path(file): Path<String>) -> Response {
+pub(crate) async fn serve(Path(file): Path<String>) -> Response {
     let (body, kind) = match file.as_str() {
         "console.css" => (CSS, "text/css; charset=utf-8"),
         "console.js" => (JS, "text/javascript; charset=utf-8"),

@@ -17,7 +17,7 @@ use crate::html::{self, Section};
 
 /// One step of an upcast chain.
 #[derive(Debug, Clone, Serialize)]
-pub struct Step {
+pub(crate) struct Step {
     /// The version read.
     pub from: i32,
     /// The version written.
@@ -30,7 +30,7 @@ pub struct Step {
 /// `None` when the type is unknown or the version is outside 1..=current.
 ///
 /// One step per version, as the registry applies them, each by the name it was registered with.
-pub fn chain(upcasters: &Upcasters, event_type: &str, version: i32) -> Option<Vec<Step>> {
+pub(crate) fn chain(upcasters: &Upcasters, event_type: &str, version: i32) -> Option<Vec<Step>> {
     let current = upcasters.current_version(event_type)?;
     if version < 1 || version > current {
         return None;
@@ -50,7 +50,7 @@ pub fn chain(upcasters: &Upcasters, event_type: &str, version: i32) -> Option<Ve
 }
 
 /// A chain as text: `v1 → v2 (step) → …`, or "current" when empty.
-pub fn describe(steps: &[Step]) -> String {
+pub(crate) fn describe(steps: &[Step]) -> String {
     if steps.is_empty() {
         return "current version: no upcast".to_owned();
     }
@@ -63,7 +63,7 @@ pub fn describe(steps: &[Step]) -> String {
 
 /// One catalog entry.
 #[derive(Debug, Clone, Serialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// The event type.
     pub event_type: &'static str,
     /// The payload version.
@@ -91,7 +91,7 @@ fn entries() -> Vec<Entry> {
 }
 
 /// The anchor of an entry on the catalog page.
-pub fn anchor(event_type: &str, version: i32) -> String {
+pub(crate) fn anchor(event_type: &str, version: i32) -> String {
     format!(
         "{}-v{version}",
         event_type.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
@@ -99,12 +99,12 @@ pub fn anchor(event_type: &str, version: i32) -> String {
 }
 
 /// `GET /console/api/catalog`.
-pub async fn api() -> Json<Vec<Entry>> {
+pub(crate) async fn api() -> Json<Vec<Entry>> {
     Json(entries())
 }
 
 /// `GET /console/catalog`.
-pub async fn page(State(console): State<Shared>) -> Response {
+pub(crate) async fn page(State(console): State<Shared>) -> Response {
     let entries = entries();
     html::respond(
         StatusCode::OK,
@@ -172,7 +172,11 @@ mod tests {
         let upcasters = Upcasters::all();
         let current = upcasters.current_version("order.placed").expect("known");
         let steps = chain(&upcasters, "order.placed", 1).expect("known");
-        assert_eq!(steps.len() as i32, current - 1, "one step per version");
+        assert_eq!(
+            i32::try_from(steps.len()),
+            Ok(current - 1),
+            "one step per version"
+        );
         assert!(describe(&steps).contains("order_placed_v1_to_v2"));
         assert!(
             steps

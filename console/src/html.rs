@@ -12,20 +12,20 @@ use maud::{DOCTYPE, Markup, Render, html};
 
 /// At most this much of one stored text is shown; the rest is summarized by its size (a 10 MB
 /// payload must not become a 10 MB page).
-pub const SHOWN_BYTES: usize = 16 * 1024;
+pub(crate) const SHOWN_BYTES: usize = 16 * 1024;
 
 /// Stored text as the console shows it: control characters other than tab and newline (NUL
 /// included) become U+FFFD — browsers would drop or mangle them, and they are never legitimate in
 /// anything the console shows — and, when capped, at most [`SHOWN_BYTES`] with the size of the rest.
 /// Rendered through maud's escaper like every other value.
 #[derive(Debug, Clone, Copy)]
-pub struct Text<'a> {
+pub(crate) struct Text<'a> {
     text: &'a str,
     capped: bool,
 }
 
 /// `text`, cleaned of control characters.
-pub fn text(text: &str) -> Text<'_> {
+pub(crate) fn text(text: &str) -> Text<'_> {
     Text {
         text,
         capped: false,
@@ -33,7 +33,7 @@ pub fn text(text: &str) -> Text<'_> {
 }
 
 /// `text`, cleaned and capped at [`SHOWN_BYTES`].
-pub fn capped(text: &str) -> Text<'_> {
+pub(crate) fn capped(text: &str) -> Text<'_> {
     Text { text, capped: true }
 }
 
@@ -68,13 +68,13 @@ impl Render for Text<'_> {
 }
 
 /// Pretty JSON, cleaned and capped.
-pub fn json_block(value: &serde_json::Value) -> Markup {
+pub(crate) fn json_block(value: &serde_json::Value) -> Markup {
     let pretty = serde_json::to_string_pretty(value).unwrap_or_else(|e| e.to_string());
     html! { (capped(&pretty)) }
 }
 
 /// A count with thin separators, as people read large numbers.
-pub fn count(n: i64) -> String {
+pub(crate) fn count(n: i64) -> String {
     let digits = n.unsigned_abs().to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
@@ -87,7 +87,12 @@ pub fn count(n: i64) -> String {
 }
 
 /// An age in seconds, as `4.2 s`, `3 min 5 s` or `2 h 10 min`.
-pub fn age(seconds: f64) -> String {
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "whole minutes and hours of an age of at least a minute: positive, and `as` from f64 saturates"
+)]
+pub(crate) fn age(seconds: f64) -> String {
     if seconds < 60.0 {
         format!("{seconds:.1} s")
     } else if seconds < 3600.0 {
@@ -107,7 +112,7 @@ pub fn age(seconds: f64) -> String {
 
 /// Which top-level page is shown (highlighted in the navigation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Section {
+pub(crate) enum Section {
     Overview,
     Order,
     Catalog,
@@ -116,7 +121,7 @@ pub enum Section {
 
 /// A whole page: the frame, the navigation (with the order search), and `body`. `operator` says
 /// whether state-changing actions exist on this console, for the script.
-pub fn page(title: &str, section: Section, operator: bool, body: Markup) -> Markup {
+pub(crate) fn page(title: &str, section: Section, operator: bool, body: Markup) -> Markup {
     let current = |s: Section| (s == section).then_some("page");
     html! {
         (DOCTYPE)
@@ -157,7 +162,7 @@ pub fn page(title: &str, section: Section, operator: bool, body: Markup) -> Mark
 
 /// An HTML response. Pages carry a strict content security policy: only this service's own script
 /// and style, so even an escaping bug could not load or run anything from elsewhere.
-pub fn respond(status: StatusCode, page: Markup) -> Response {
+pub(crate) fn respond(status: StatusCode, page: Markup) -> Response {
     let mut response = (status, page.into_string()).into_response();
     let headers = response.headers_mut();
     headers.insert(
@@ -180,7 +185,12 @@ pub fn respond(status: StatusCode, page: Markup) -> Response {
 }
 
 /// A page that only says what went wrong.
-pub fn error_page(status: StatusCode, title: &str, detail: &str, operator: bool) -> Response {
+pub(crate) fn error_page(
+    status: StatusCode,
+    title: &str,
+    detail: &str,
+    operator: bool,
+) -> Response {
     let body = html! {
         h1 { (text(title)) }
         p.error { (text(detail)) }

@@ -102,7 +102,7 @@ impl Console {
 
     fn watched(&self) -> bool {
         let since = chrono::Utc::now().timestamp_millis() - self.last_view.load(Ordering::Relaxed);
-        since < WATCH_FOR.as_millis() as i64
+        since < i64::try_from(WATCH_FOR.as_millis()).unwrap_or(i64::MAX)
     }
 
     /// The latest snapshot, taken now if the last one is older than a sampling period. Concurrent
@@ -111,7 +111,8 @@ impl Console {
         self.viewed();
         let mut history = self.history.lock().await;
         let fresh = history.latest().is_some_and(|s| {
-            (chrono::Utc::now() - s.taken_at).num_milliseconds() < SAMPLE_EVERY.as_millis() as i64
+            (chrono::Utc::now() - s.taken_at).num_milliseconds()
+                < i64::try_from(SAMPLE_EVERY.as_millis()).unwrap_or(i64::MAX)
         });
         let snapshot = match (fresh, history.latest()) {
             (true, Some(latest)) => latest.clone(),

@@ -19,7 +19,7 @@ fn time(t: chrono::DateTime<chrono::Utc>) -> String {
 }
 
 /// `GET /console/outbox/dead`.
-pub async fn dead(State(console): State<Shared>) -> Response {
+pub(crate) async fn dead(State(console): State<Shared>) -> Response {
     console.viewed();
     let operator = console.operator();
     let rows = match relay::admin::dead_rows(&console.pool, LIMIT).await {
@@ -169,7 +169,7 @@ fn list_page(console: &Shared, title: String, body: Markup) -> Response {
 }
 
 /// `GET /console/projections/{name}/parked`.
-pub async fn parked(State(console): State<Shared>, Path(name): Path<String>) -> Response {
+pub(crate) async fn parked(State(console): State<Shared>, Path(name): Path<String>) -> Response {
     console.viewed();
     let Some(name) = readside::known(&name) else {
         return unknown(&console, &name);
@@ -253,7 +253,7 @@ pub async fn parked(State(console): State<Shared>, Path(name): Path<String>) -> 
 }
 
 /// `GET /console/projections/{name}/held`.
-pub async fn held(State(console): State<Shared>, Path(name): Path<String>) -> Response {
+pub(crate) async fn held(State(console): State<Shared>, Path(name): Path<String>) -> Response {
     console.viewed();
     let Some(name) = readside::known(&name) else {
         return unknown(&console, &name);

@@ -51,7 +51,7 @@ fn model(name: &str) -> Result<&'static dyn projections::kit::Model, String> {
 }
 
 /// `GET /console/projections/{name}/document`.
-pub async fn page(State(console): State<Shared>, Path(name): Path<String>) -> Response {
+pub(crate) async fn page(State(console): State<Shared>, Path(name): Path<String>) -> Response {
     console.viewed();
     let operator = console.operator();
     let model = match model(&name) {
@@ -100,7 +100,7 @@ pub async fn page(State(console): State<Shared>, Path(name): Path<String>) -> Re
 
 /// `GET /console/api/projections/{name}/document`: `{name, about, reads, document}`, 404 for a name
 /// that is no model, 503 when the document cannot be read.
-pub async fn api(State(console): State<Shared>, Path(name): Path<String>) -> Response {
+pub(crate) async fn api(State(console): State<Shared>, Path(name): Path<String>) -> Response {
     console.viewed();
     let model = match model(&name) {
         Ok(model) => model,

@@ -22,10 +22,17 @@ use crate::{Console, Shared};
 
 /// An order's events are shown up to this many (an order has a handful; more is a broken writer).
 const MAX_EVENTS: i64 = 500;
+/// [`MAX_EVENTS`] as a length.
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "500 fits"
+)]
+const MAX_SHOWN: usize = MAX_EVENTS as usize;
 
 /// One event of the timeline.
 #[derive(Debug, Clone, Serialize)]
-pub struct TimelineEvent {
+pub(crate) struct TimelineEvent {
     /// Insertion number in `events`.
     pub position: i64,
     pub event_id: Uuid,
@@ -64,7 +71,7 @@ pub struct TimelineEvent {
 
 /// The event's outbox row.
 #[derive(Debug, Clone, Serialize)]
-pub struct OutboxView {
+pub(crate) struct OutboxView {
     /// `pending`, `sent`, `failed` or `dead`.
     pub status: String,
     /// Publish attempts.
@@ -79,7 +86,7 @@ pub struct OutboxView {
 
 /// An order's events with, for each, its outbox row, its stream copy and each projection's verdict.
 #[derive(Debug, Clone, Serialize)]
-pub struct Timeline {
+pub(crate) struct Timeline {
     pub order_id: Uuid,
     /// Its events, oldest first.
     pub events: Vec<TimelineEvent>,
@@ -102,8 +109,8 @@ async fn timeline(console: &Console, order: Uuid) -> Result<Timeline, sqlx::Erro
     let rows = store::outbox::admin::timeline(&console.pool, order, MAX_EVENTS + 1).await?;
     // One more than shown is read only to tell that there are more.
     let mut rows = rows;
-    let more_events = rows.len() as i64 > MAX_EVENTS;
-    rows.truncate(MAX_EVENTS as usize);
+    let more_events = rows.len() > MAX_SHOWN;
+    rows.truncate(MAX_SHOWN);
     let upcasters = Upcasters::all();
     let mut marks: Vec<OrderMarks> = Vec::with_capacity(readside::names().len());
     for &name in readside::names() {
@@ -274,11 +281,11 @@ fn parse(id: &str) -> Option<Uuid> {
 
 /// `GET /console/orders?id=…`: the search box.
 #[derive(Debug, Deserialize)]
-pub struct Find {
+pub(crate) struct Find {
     id: Option<String>,
 }
 
-pub async fn find(State(console): State<Shared>, Query(find): Query<Find>) -> Response {
+pub(crate) async fn find(State(console): State<Shared>, Query(find): Query<Find>) -> Response {
     match find.id.as_deref().and_then(parse) {
         Some(id) => (
             StatusCode::SEE_OTHER,
@@ -295,7 +302,7 @@ pub async fn find(State(console): State<Shared>, Query(find): Query<Find>) -> Re
 }
 
 /// `GET /console/api/orders/{id}`.
-pub async fn api(State(console): State<Shared>, Path(id): Path<String>) -> Response {
+pub(crate) async fn api(State(console): State<Shared>, Path(id): Path<String>) -> Response {
     let Some(order) = parse(&id) else {
         return (StatusCode::BAD_REQUEST, "an order id is a UUID").into_response();
     };
@@ -316,7 +323,7 @@ pub async fn api(State(console): State<Shared>, Path(id): Path<String>) -> Respo
 }
 
 /// `GET /console/orders/{id}`.
-pub async fn page(State(console): State<Shared>, Path(id): Path<String>) -> Response {
+pub(crate) async fn page(State(console): State<Shared>, Path(id): Path<String>) -> Response {
     console.viewed();
     let operator = console.operator();
     let Some(order) = parse(&id) else {

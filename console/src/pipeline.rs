@@ -17,14 +17,14 @@ use crate::stream::{ConsumerView, StreamSource, StreamView};
 use crate::upstream::Endpoint;
 
 /// Samples kept: ten minutes at one sample every two seconds.
-pub const HISTORY_LEN: usize = 300;
+pub(crate) const HISTORY_LEN: usize = 300;
 
 /// Rates are measured over (about) this many seconds, so one slow sample does not make them jump.
 const RATE_WINDOW_S: f64 = 10.0;
 
 /// How the console's overview sees `events`.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct EventsView {
+pub(crate) struct EventsView {
     /// Rows in `events`; `None` when they could not be counted (never a misleading 0).
     pub stored: Option<i64>,
     /// The same rows by aggregate type (`order`, `customer`, …): a projection is behind the store by
@@ -38,7 +38,7 @@ pub struct EventsView {
 
 /// What the database knows of the relays.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct RelayView {
+pub(crate) struct RelayView {
     /// Relays connected to this database: distinct `application_name`s `waybill-relay <id>`, since
     /// each relay opens a pool of several sessions under one name.
     pub connected: Option<i64>,
@@ -50,7 +50,7 @@ pub struct RelayView {
 
 /// One projection: its tables, its consumer, and how far behind it is.
 #[derive(Debug, Clone, Serialize)]
-pub struct ProjectionView {
+pub(crate) struct ProjectionView {
     /// What its tables say.
     #[serde(flatten)]
     pub state: ProjectionState,
@@ -70,7 +70,7 @@ pub struct ProjectionView {
 
 /// Rates over the last seconds, when two samples exist.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Rates {
+pub(crate) struct Rates {
     /// Events appended per second (every accepted command appends one).
     pub events_per_s: Option<f64>,
     /// Messages stored in the stream per second (the relays' publishes, copies excluded).
@@ -81,7 +81,7 @@ pub struct Rates {
 
 /// The pipeline at one moment; each part that could not be read carries why instead of zeros.
 #[derive(Debug, Clone, Serialize)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub taken_at: DateTime<Utc>,
     pub events: EventsView,
     /// The outbox, as `waybill outbox status` reports it.
@@ -98,7 +98,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// Reads everything, and scrapes the relays' metrics at `relays`; parts that cannot be read say
     /// why.
-    pub async fn take(
+    pub(crate) async fn take(
         pool: &PgPool,
         counter: &EventCounter,
         stream: &StreamSource,
@@ -170,7 +170,7 @@ const SETTLE_AFTER: Duration = Duration::from_secs(60);
 /// to a settled position never change: each sample counts only the rows above it, which by the
 /// primary key is a short range scan instead of a full count of an ever-growing table.
 #[derive(Debug, Default)]
-pub struct EventCounter {
+pub(crate) struct EventCounter {
     state: Mutex<CounterState>,
 }
 
@@ -272,7 +272,7 @@ async fn read_relay(pool: &PgPool) -> RelayView {
 
 /// One sample of the history: the counters the charts and rates are derived from.
 #[derive(Debug, Clone, Serialize)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Milliseconds since the Unix epoch.
     pub t: i64,
     /// Events stored, when they could be counted.
@@ -308,7 +308,11 @@ impl Sample {
             lag: snapshot
                 .projections
                 .iter()
-                .map(|p| p.behind_stream.map(|l| l as i64).or(p.behind_store))
+                .map(|p| {
+                    p.behind_stream
+                        .map(|l| i64::try_from(l).unwrap_or(i64::MAX))
+                        .or(p.behind_store)
+                })
                 .collect(),
         }
     }
@@ -316,14 +320,14 @@ impl Sample {
 
 /// The last minutes of samples, oldest first.
 #[derive(Debug, Default)]
-pub struct History {
+pub(crate) struct History {
     samples: VecDeque<Sample>,
     latest: Option<Snapshot>,
 }
 
 /// The charts' data: per series, `[t_ms, value]` points.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Series {
+pub(crate) struct Series {
     /// Throughput: events appended, messages stored in the stream, events applied per projection.
     pub throughput: BTreeMap<String, Vec<(i64, f64)>>,
     /// Backlog: outbox rows unsent, and each projection's lag.
@@ -333,7 +337,7 @@ pub struct Series {
 impl History {
     /// Records `snapshot`, fills in its rates (from counters read in both samples only), and keeps
     /// it as the latest.
-    pub fn push(&mut self, mut snapshot: Snapshot) -> Snapshot {
+    pub(crate) fn push(&mut self, mut snapshot: Snapshot) -> Snapshot {
         let sample = Sample::of(&snapshot);
         // The oldest sample inside the rate window, or else the previous one.
         let base = self
@@ -350,10 +354,14 @@ impl History {
                 .events
                 .zip(base.events)
                 .map(|(now, then)| rate(now, then));
-            snapshot.rates.published_per_s = sample
-                .stream_last
-                .zip(base.stream_last)
-                .map(|(now, then)| rate(now as i64, then as i64));
+            snapshot.rates.published_per_s =
+                sample.stream_last.zip(base.stream_last).map(|(now, then)| {
+                    // Stream sequences stay far below 2^63; saturating keeps a hostile one harmless.
+                    rate(
+                        i64::try_from(now).unwrap_or(i64::MAX),
+                        i64::try_from(then).unwrap_or(i64::MAX),
+                    )
+                });
             for (i, name) in readside::names().iter().enumerate() {
                 if let (Some(Some(now)), Some(Some(then))) =
                     (sample.applied.get(i), base.applied.get(i))
@@ -370,12 +378,12 @@ impl History {
         snapshot
     }
 
-    pub fn latest(&self) -> Option<&Snapshot> {
+    pub(crate) fn latest(&self) -> Option<&Snapshot> {
         self.latest.as_ref()
     }
 
     /// The charts' series over the kept samples.
-    pub fn series(&self) -> Series {
+    pub(crate) fn series(&self) -> Series {
         let mut series = Series::default();
         let pairs = self.samples.iter().zip(self.samples.iter().skip(1));
         for (then, now) in pairs {

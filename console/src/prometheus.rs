@@ -6,7 +6,7 @@
 
 /// One counter, summed over every label set it was exported with.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Sum {
+pub(crate) struct Sum {
     /// The sum of the accepted samples' values.
     pub total: f64,
     /// Samples accepted (finite, not negative).
@@ -19,7 +19,12 @@ pub struct Sum {
 impl Sum {
     /// The total as a whole count (counters count events); saturates instead of wrapping when a
     /// hostile endpoint sends 1e300.
-    pub fn count(&self) -> u64 {
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "saturating on purpose: `as` from f64 clamps to 0..=u64::MAX (and NaN to 0)"
+    )]
+    pub(crate) fn count(&self) -> u64 {
         // `as` from f64 saturates at the bounds; the total is never negative or NaN.
         self.total.round() as u64
     }
@@ -28,7 +33,7 @@ impl Sum {
 /// Sums each of `names` over its samples in `text` (the names are the samples' full names, e.g.
 /// `waybill_relay_fenced_total`). `# HELP` / `# TYPE` lines, other metrics and lines that are not
 /// samples are ignored.
-pub fn sums<const N: usize>(text: &str, names: [&str; N]) -> [Sum; N] {
+pub(crate) fn sums<const N: usize>(text: &str, names: [&str; N]) -> [Sum; N] {
     let mut out = [Sum::default(); N];
     for line in text.split('\n') {
         let line = line.trim_matches(|c| c == ' ' || c == '\t' || c == '\r');

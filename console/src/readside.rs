@@ -13,19 +13,19 @@ use uuid::Uuid;
 
 /// The projections, by schema (= consumer) name: the built-in ones, then every read model of the
 /// registry, so a model file added to `projections/src/models/` is listed with no edit here.
-pub fn names() -> &'static [&'static str] {
+pub(crate) fn names() -> &'static [&'static str] {
     &projections::registry::NAMES
 }
 
 /// One of [`names`], or `None`: only these names are ever spliced into SQL.
-pub fn known(name: &str) -> Option<&'static str> {
+pub(crate) fn known(name: &str) -> Option<&'static str> {
     names().iter().copied().find(|p| *p == name)
 }
 
 /// A projection's state as its tables tell it. The counts are `None` when the schema is absent or
 /// could not be read, so a failed read shows as unknown rather than as an idle projection.
 #[derive(Debug, Clone, Serialize)]
-pub struct ProjectionState {
+pub(crate) struct ProjectionState {
     pub name: &'static str,
     /// Whether its schema exists in this database.
     pub found: bool,
@@ -71,7 +71,7 @@ async fn exists(pool: &PgPool, schema: &'static str) -> sqlx::Result<bool> {
 }
 
 /// Reads one projection's state; never fails (the error is part of the state).
-pub async fn state(pool: &PgPool, name: &'static str) -> ProjectionState {
+pub(crate) async fn state(pool: &PgPool, name: &'static str) -> ProjectionState {
     let mut state = ProjectionState::empty(name);
     match read_state(pool, name, &mut state).await {
         Ok(()) => {}
@@ -121,7 +121,7 @@ async fn read_state(
 
 /// What one projection knows of one order.
 #[derive(Debug, Clone, Serialize)]
-pub struct OrderMarks {
+pub(crate) struct OrderMarks {
     pub name: &'static str,
     /// Whether its schema exists in this database.
     pub found: bool,
@@ -142,7 +142,7 @@ pub struct OrderMarks {
 
 impl OrderMarks {
     /// What this projection says of `version`: applied, held, parked or not (yet) applied.
-    pub fn verdict(&self, version: i64) -> (&'static str, String) {
+    pub(crate) fn verdict(&self, version: i64) -> (&'static str, String) {
         if !self.found {
             return ("not found", "its schema is not in this database".to_owned());
         }
@@ -183,7 +183,7 @@ impl OrderMarks {
 }
 
 /// Reads what `name` knows of `order`; never fails.
-pub async fn order_marks(pool: &PgPool, name: &'static str, order: Uuid) -> OrderMarks {
+pub(crate) async fn order_marks(pool: &PgPool, name: &'static str, order: Uuid) -> OrderMarks {
     let mut marks = OrderMarks {
         name,
         found: false,
@@ -274,7 +274,7 @@ async fn read_marks(
 
 /// An open parked message, as the list shows it.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct ParkedRow {
+pub(crate) struct ParkedRow {
     /// Its id in the parked table.
     pub id: i64,
     /// Where it sat in the stream.
@@ -295,7 +295,7 @@ pub struct ParkedRow {
 }
 
 /// Open parked messages of `name`, newest first; `Ok(None)` when its schema is absent.
-pub async fn parked(
+pub(crate) async fn parked(
     pool: &PgPool,
     name: &'static str,
     limit: i64,
@@ -318,7 +318,7 @@ pub async fn parked(
 
 /// A held event, with what it waits for.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct HeldRow {
+pub(crate) struct HeldRow {
     pub aggregate_id: Uuid,
     /// The held version (above the checkpoint + 1, else it would have been applied).
     pub version: i64,
@@ -331,7 +331,7 @@ pub struct HeldRow {
 }
 
 /// Held events of `name` by order and version; `Ok(None)` when its schema is absent.
-pub async fn held(
+pub(crate) async fn held(
     pool: &PgPool,
     name: &'static str,
     limit: i64,

@@ -14,7 +14,7 @@ use crate::upstream::{self, Call, Endpoint};
 
 /// How long one scrape may take, connect to last byte. The console samples every 2 s, and every
 /// relay is scraped at once, so a dead relay costs at most this much of a sample.
-pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const SCRAPE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The counters read from each relay.
 const DUPLICATE_ACKS: &str = "waybill_relay_duplicate_acks_total";
@@ -33,7 +33,7 @@ pub fn metrics_url(text: &str) -> Result<Endpoint, String> {
 
 /// One relay, as scraped for this sample.
 #[derive(Debug, Clone, Serialize)]
-pub struct RelayScrape {
+pub(crate) struct RelayScrape {
     /// Its metrics URL.
     pub url: String,
     /// Whether it answered 200 with a body within the timeout.
@@ -54,7 +54,7 @@ pub struct RelayScrape {
 
 /// The relays' counters: per relay, and summed over those that answered.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct RelayMetricsView {
+pub(crate) struct RelayMetricsView {
     /// Relays configured with `--relay-metrics`.
     pub configured: usize,
     /// Of those, how many answered this sample.
@@ -71,7 +71,7 @@ pub struct RelayMetricsView {
 }
 
 /// Scrapes every relay at once.
-pub async fn scrape_all(urls: &[Endpoint]) -> RelayMetricsView {
+pub(crate) async fn scrape_all(urls: &[Endpoint]) -> RelayMetricsView {
     let relays = futures::future::join_all(urls.iter().map(scrape)).await;
     let answered: Vec<&RelayScrape> = relays.iter().filter(|r| r.reachable).collect();
     let total = |get: fn(&RelayScrape) -> Option<u64>| {

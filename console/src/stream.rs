@@ -22,7 +22,7 @@ const MAX_ORDER_MESSAGES: usize = 1_000;
 
 /// The NATS side of the console.
 #[derive(Debug, Clone)]
-pub struct StreamSource {
+pub(crate) struct StreamSource {
     name: String,
     prefix: String,
     state: Arc<RwLock<Connection>>,
@@ -39,7 +39,7 @@ enum Connection {
 
 /// The stream as the console shows it.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct StreamView {
+pub(crate) struct StreamView {
     /// The stream's name.
     pub name: String,
     /// Whether the numbers below were read just now.
@@ -60,7 +60,7 @@ pub struct StreamView {
 
 /// One durable consumer's position.
 #[derive(Debug, Clone, Serialize)]
-pub struct ConsumerView {
+pub(crate) struct ConsumerView {
     /// The consumer (= the projection's name).
     pub name: String,
     /// Whether the consumer exists.
@@ -77,14 +77,14 @@ pub struct ConsumerView {
 
 impl ConsumerView {
     /// Messages the projection has not settled yet: undelivered plus unacknowledged.
-    pub fn lag(&self) -> u64 {
+    pub(crate) fn lag(&self) -> u64 {
         self.num_pending + self.num_ack_pending
     }
 }
 
 /// One message found on an order's subject.
 #[derive(Debug, Clone, Serialize)]
-pub struct StreamCopy {
+pub(crate) struct StreamCopy {
     /// Its stream sequence.
     pub sequence: u64,
     /// Its `Nats-Msg-Id` (the event id, when the relay published it).
@@ -94,7 +94,7 @@ pub struct StreamCopy {
 impl StreamSource {
     /// A source for `stream` under `prefix`; with `nats`, connects in the background (and keeps
     /// trying every few seconds while NATS does not answer).
-    pub fn start(nats: Option<ops::NatsConnection>, stream: String, prefix: String) -> Self {
+    pub(crate) fn start(nats: Option<ops::NatsConnection>, stream: String, prefix: String) -> Self {
         let initial = match &nats {
             None => Connection::Disabled,
             Some(_) => Connection::Waiting("connecting to NATS…".to_owned()),
@@ -142,7 +142,7 @@ impl StreamSource {
 
     /// The stream's state and the named durable consumers. Never fails: an unavailable stream is a
     /// view that says why.
-    pub async fn view(&self, consumers: &[&str]) -> StreamView {
+    pub(crate) async fn view(&self, consumers: &[&str]) -> StreamView {
         let mut view = StreamView {
             name: self.name.clone(),
             ..StreamView::default()
@@ -201,7 +201,7 @@ impl StreamSource {
 
     /// Every message on the order's subject, in stream order, read by an ordered consumer (no
     /// acknowledgements, nothing left behind but an ephemeral consumer the server removes).
-    pub async fn order_messages(&self, order: Uuid) -> Result<Vec<StreamCopy>, String> {
+    pub(crate) async fn order_messages(&self, order: Uuid) -> Result<Vec<StreamCopy>, String> {
         let context = self.context()?;
         let subject = format!("{}.{}.{order}", self.prefix, domain::AGGREGATE_TYPE);
         let stream = timed(context.get_stream_no_info(&self.name), "finding the stream")

@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 /// An answer larger than this is refused: metrics are a few KiB, operator answers smaller still.
-pub const MAX_ANSWER: usize = 1024 * 1024;
+pub(crate) const MAX_ANSWER: usize = 1024 * 1024;
 
 /// A service's base address: `http://host[:port][/path]`, checked when it is configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,14 +110,14 @@ impl fmt::Display for Endpoint {
 
 /// An answer: its status and body.
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub status: StatusCode,
     pub body: Bytes,
 }
 
 /// What to send.
 #[derive(Debug)]
-pub struct Call<'a> {
+pub(crate) struct Call<'a> {
     pub method: Method,
     /// Below the endpoint's base path; empty for the base path itself.
     pub path: &'a str,
@@ -130,7 +130,7 @@ pub struct Call<'a> {
 }
 
 /// Sends one request and reads the whole answer, whatever its status.
-pub async fn send(endpoint: &Endpoint, call: Call<'_>) -> Result<Answer, String> {
+pub(crate) async fn send(endpoint: &Endpoint, call: Call<'_>) -> Result<Answer, String> {
     let timeout = call.timeout;
     tokio::time::timeout(timeout, exchange(endpoint, call))
         .await

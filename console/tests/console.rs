@@ -196,7 +196,10 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
         .fetch_one(&pool)
         .await
         .expect("count");
-    assert_eq!(stored, LIFECYCLES as i64 * 3 + 1 + 1);
+    assert_eq!(
+        stored,
+        i64::try_from(LIFECYCLES).expect("a small count") * 3 + 1 + 1
+    );
     let of_orders = stored - 1;
     let legacy_payload: String = sqlx::query_scalar(
         "SELECT payload::text FROM events WHERE aggregate_id = $1 AND aggregate_version = 1",

@@ -15,7 +15,7 @@ use crate::demo::scenario::{Api, Played, play_one};
 
 /// `waybill load` options.
 #[derive(Debug, clap::Args)]
-pub struct LoadArgs {
+pub(crate) struct LoadArgs {
     /// Print the summary as JSON on standard output.
     #[arg(long)]
     pub json: bool,
@@ -39,7 +39,7 @@ pub struct LoadArgs {
 }
 
 /// Plays the lifecycles and prints the summary.
-pub async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
     let json_output = args.json;
     let (stop, _) = tokio::sync::watch::channel(false);
     let base = match &args.api {
@@ -76,7 +76,8 @@ pub async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     // A different slice of the deterministic story on every run, so repeated loads add new orders.
-    let offset = (chrono::Utc::now().timestamp_millis() as usize) % 1_000_000;
+    let offset =
+        usize::try_from(chrono::Utc::now().timestamp_millis().rem_euclid(1_000_000)).unwrap_or(0);
     let pacing = args.rate.filter(|r| *r > 0.0).map(|r| {
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -96,7 +97,10 @@ pub async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()> {
                     .await
                     .map_err(|e| format!("{e:#}"));
                 bar.inc(1);
-                (began.elapsed().as_micros() as u64, outcome)
+                (
+                    u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX),
+                    outcome,
+                )
             }
         })
         .buffer_unordered(args.concurrency.max(1))

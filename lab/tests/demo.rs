@@ -137,7 +137,9 @@ async fn the_demo_runs_green_keeps_what_it_says_until_stopped_then_removes_it() 
     };
     // Still running: --keep waits for a signal.
     let still_running = child.try_wait().expect("try_wait").is_none();
-    let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
+    let pid = child
+        .id()
+        .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?));
     if let Some(pid) = pid {
         let _ = kill_process(pid, Signal::TERM);
     }

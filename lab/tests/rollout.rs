@@ -100,7 +100,8 @@ async fn the_rollout_story_parks_v3_in_old_readers_and_redrive_settles_it() {
         );
     }
     assert_eq!(
-        info.state.messages, events as u64,
+        Ok(info.state.messages),
+        u64::try_from(events),
         "every event in the stream it was named"
     );
     assert!(

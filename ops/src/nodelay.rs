@@ -132,7 +132,8 @@ mod tests {
         let (Some(client_port), Some(server_port)) = (client_port, server_port) else {
             panic!("DATABASE_URL {url} is not a TCP address: this test needs one");
         };
-        let socket = find_socket(client_port as u16, server_port as u16)
+        let port = |p: i32| u16::try_from(p).expect("a TCP port");
+        let socket = find_socket(port(client_port), port(server_port))
             .expect("reads this process's sockets")
             .expect("finds the connection's socket");
         assert!(sockopt::tcp_nodelay(&socket).expect("reads the option"));

@@ -371,7 +371,8 @@ async fn move_checkpoints(
     )
     .execute(&mut *tx)
     .await?;
-    Ok(written.rows_affected() as usize)
+    // At most one row per message in the batch.
+    Ok(usize::try_from(written.rows_affected()).unwrap_or(usize::MAX))
 }
 
 fn offer(slot: Slot, decoded: &Decoded) -> Offer {

@@ -213,7 +213,7 @@ impl<P: Projection> Runner<P> {
         let stream = self.stream_messages().await.unwrap_or(0);
         match Snapshot::take(self.events_url(), &self.history_application()).await {
             Ok((pool, snapshot)) => {
-                let size = snapshot.last_position.max(0) as u64;
+                let size = u64::try_from(snapshot.last_position).unwrap_or(0);
                 drop(snapshot);
                 pool.close().await;
                 size.max(stream)
@@ -243,7 +243,9 @@ impl<P: Projection> Runner<P> {
         let state = self.stream_state().await?;
         let last = state.last_sequence;
         let why_not = match Snapshot::take(self.events_url(), &self.history_application()).await {
-            Ok((pool, snapshot)) if state.messages as i64 <= snapshot.last_position => {
+            Ok((pool, snapshot))
+                if i64::try_from(state.messages).is_ok_and(|m| m <= snapshot.last_position) =>
+            {
                 let caught_up = self.catch_up(snapshot, starts, last, progress).await;
                 pool.close().await;
                 let tally = caught_up?;
@@ -401,7 +403,8 @@ impl<P: Projection> Runner<P> {
                 metrics::record_batch(P::NAME, &batch, batch_started.elapsed());
                 tally.merge(&batch);
             }
-            let remaining = (snapshot.last_position - snapshot.position()).max(0) as u64;
+            let remaining =
+                u64::try_from(snapshot.last_position - snapshot.position()).unwrap_or(0);
             metrics::record_catch_up(P::NAME, read, remaining);
             progress(&tally);
             if logged.elapsed() >= Duration::from_secs(10) {

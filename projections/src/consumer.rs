@@ -372,7 +372,7 @@ impl std::fmt::Display for ConsumerDifference {
 /// Every setting of `actual` that would make the projection skip, lose or withhold events, or that
 /// differs from the runner's own (`wanted`). Settings that do not change what is delivered (the
 /// description, replicas, storage, sampling, waiting pulls) are not compared.
-pub fn differences(actual: &pull::Config, wanted: &pull::Config) -> Vec<ConsumerDifference> {
+pub(crate) fn differences(actual: &pull::Config, wanted: &pull::Config) -> Vec<ConsumerDifference> {
     let mut found = Vec::new();
     let mut differ = |setting, actual: String, wanted: String, updatable| {
         found.push(ConsumerDifference {

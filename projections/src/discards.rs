@@ -26,7 +26,7 @@ struct ParkedRow {
 
 impl ParkedRow {
     fn whole_body(&self) -> Option<Value> {
-        (self.body_size == self.body.len() as i64)
+        (self.body_size == i64::try_from(self.body.len()).unwrap_or(i64::MAX))
             .then(|| serde_json::from_slice(&self.body).ok())
             .flatten()
     }
@@ -53,7 +53,10 @@ fn same_message(old: &ParkedRow, new: &ParkedRow) -> bool {
     match (old.whole_body(), new.whole_body()) {
         (Some(a), Some(b)) => a == b,
         // A body cut at 64 KiB cannot be compared; the event's identity has to do.
-        _ => old.body_size > old.body.len() as i64 || new.body_size > new.body.len() as i64,
+        _ => {
+            old.body_size > i64::try_from(old.body.len()).unwrap_or(i64::MAX)
+                || new.body_size > i64::try_from(new.body.len()).unwrap_or(i64::MAX)
+        }
     }
 }
 
@@ -171,7 +174,7 @@ mod tests {
             id,
             stream_sequence: sequence,
             body: body.as_bytes().to_vec(),
-            body_size: body.len() as i64,
+            body_size: i64::try_from(body.len()).expect("a test body"),
             body_sha256: hasher.finish().to_be_bytes().to_vec(),
             event_id: event.map(Uuid::from_u128),
             aggregate_id: event.map(|_| Uuid::from_u128(7)),

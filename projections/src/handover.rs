@@ -54,6 +54,8 @@ pub(crate) async fn record(
     start_sequence: u64,
 ) -> sqlx::Result<Uuid> {
     let token = Uuid::now_v7();
+    let start_sequence =
+        i64::try_from(start_sequence).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
     // Schema names are the projection's own (checked by `schema`), quoted.
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO \"{schema}\".handover (consumer, start_sequence, token)
@@ -63,7 +65,7 @@ pub(crate) async fn record(
                  recorded_at = now(), moved_at = NULL"
     )))
     .bind(consumers)
-    .bind(start_sequence as i64)
+    .bind(start_sequence)
     .bind(token)
     .execute(&mut *tx)
     .await?;
@@ -89,7 +91,7 @@ impl<P: Projection> Runner<P> {
         .await
         .map_err(HandoverError::Read)?;
         for (done, step) in moves.iter().enumerate() {
-            let start_sequence = step.start_sequence.max(1) as u64;
+            let start_sequence = u64::try_from(step.start_sequence.max(1)).unwrap_or(1);
             let failed = |source| HandoverError::Move {
                 consumer: step.consumer.clone(),
                 start_sequence,
@@ -154,5 +156,39 @@ impl<P: Projection> Runner<P> {
         .bind(name)
         .fetch_one(&self.pool)
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[sqlx::test]
+    async fn a_start_past_bigint_is_refused_and_records_nothing(pool: sqlx::PgPool) {
+        sqlx::raw_sql(
+            "CREATE SCHEMA h;
+             CREATE TABLE h.handover (consumer TEXT PRIMARY KEY, start_sequence BIGINT NOT NULL,
+                 token UUID NOT NULL, recorded_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                 moved_at TIMESTAMPTZ);",
+        )
+        .execute(&pool)
+        .await
+        .expect("table");
+        let mut tx = pool.begin().await.expect("begin");
+        // As an i64, u64::MAX was -1: a start no consumer can be moved to.
+        let refused = record(&mut tx, "h", &["c".to_owned()], u64::MAX).await;
+        assert!(
+            matches!(refused, Err(sqlx::Error::Encode(_))),
+            "{refused:?}"
+        );
+        record(&mut tx, "h", &["c".to_owned()], 7)
+            .await
+            .expect("an in-range start is recorded");
+        tx.commit().await.expect("commit");
+        let starts: Vec<i64> = sqlx::query_scalar("SELECT start_sequence FROM h.handover")
+            .fetch_all(&pool)
+            .await
+            .expect("read");
+        assert_eq!(starts, [7]);
     }
 }

@@ -65,7 +65,7 @@ impl HeldRow {
     /// The message as it was delivered.
     pub(crate) fn message(&self) -> RawMessage {
         RawMessage {
-            stream_sequence: self.stream_sequence.unwrap_or(0).max(0) as u64,
+            stream_sequence: u64::try_from(self.stream_sequence.unwrap_or(0)).unwrap_or(0),
             subject: self.subject.clone(),
             headers: serde_json::from_slice(&self.headers)
                 .ok()

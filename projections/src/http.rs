@@ -174,8 +174,9 @@ impl<T> Page<T> {
     /// A page from `limit + 1` fetched rows: the extra row only tells that there is a next page, whose
     /// cursor `cursor_of` makes from the last item kept.
     pub fn from_rows(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> Self {
-        let more = rows.len() as i64 > limit;
-        rows.truncate(limit.max(0) as usize);
+        let keep = usize::try_from(limit).unwrap_or(0);
+        let more = rows.len() > keep;
+        rows.truncate(keep);
         let next_cursor = if more {
             rows.last().map(cursor_of)
         } else {

@@ -152,7 +152,7 @@ pub(crate) async fn park(conn: &mut PgConnection, record: &ParkRecord) -> Result
     .bind(record.poison.event_id)
     .bind(record.poison.aggregate_id)
     .bind(record.poison.aggregate_version)
-    .bind(BODY_KEPT as i32)
+    .bind(i32::try_from(BODY_KEPT).expect("64 KiB fits"))
     .execute(&mut *conn)
     .await
     .map_err(ParkError)?;
@@ -406,7 +406,9 @@ impl<P: Projection> Runner<P> {
                 );
                 continue;
             }
-            let (outcome, reason) = if row.body_size > row.body.len() as i64 {
+            let (outcome, reason) = if row.body_size
+                > i64::try_from(row.body.len()).unwrap_or(i64::MAX)
+            {
                 (
                     Verdict::Parked,
                     Some(format!(
@@ -418,7 +420,7 @@ impl<P: Projection> Runner<P> {
             } else {
                 let headers: Value = serde_json::from_slice(&row.headers).unwrap_or(Value::Null);
                 let message = RawMessage {
-                    stream_sequence: row.stream_sequence.unwrap_or(0).max(0) as u64,
+                    stream_sequence: u64::try_from(row.stream_sequence.unwrap_or(0)).unwrap_or(0),
                     subject: row.subject.clone(),
                     headers: RawMessage::headers_from_json(&headers),
                     body: bytes::Bytes::from(row.body),

@@ -153,6 +153,10 @@ impl fmt::Display for Partitions {
 }
 
 /// The partition of `aggregate_id` among `count`: the id as a big-endian u128, modulo `count`.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "a remainder modulo a u32 fits in a u32"
+)]
 pub fn partition_of(aggregate_id: Uuid, count: u32) -> u32 {
     (aggregate_id.as_u128() % u128::from(count.max(1))) as u32
 }

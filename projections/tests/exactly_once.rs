@@ -35,7 +35,12 @@ async fn the_projections_follow_the_order_lifecycle(pool: PgPool) {
         (c, vec![placed("bob", &["TEA:1:500"])]),
     ] {
         for (i, event) in events.iter().enumerate() {
-            h.publish(&envelope(order, i as i64 + 1, event)).await;
+            h.publish(&envelope(
+                order,
+                i64::try_from(i).expect("a small count") + 1,
+                event,
+            ))
+            .await;
         }
     }
     for tally in [
@@ -142,7 +147,12 @@ async fn a_crash_between_commit_and_ack_changes_nothing_on_redelivery(pool: PgPo
         .iter()
         .enumerate()
     {
-        h.publish(&envelope(order, i as i64 + 1, event)).await;
+        h.publish(&envelope(
+            order,
+            i64::try_from(i).expect("a small count") + 1,
+            event,
+        ))
+        .await;
     }
     // The crash needs the faulty twin (`waybill-projection-faulty inventory`); the restart is the
     // projection as installed.

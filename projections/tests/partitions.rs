@@ -88,8 +88,12 @@ async fn publish(h: &Harness, orders: &[Order]) -> usize {
     for version in 0..3 {
         for order in orders {
             if let Some(event) = order.events.get(version) {
-                h.publish(&envelope(order.id, version as i64 + 1, event))
-                    .await;
+                h.publish(&envelope(
+                    order.id,
+                    i64::try_from(version).expect("a small count") + 1,
+                    event,
+                ))
+                .await;
                 published += 1;
             }
         }
@@ -200,7 +204,12 @@ async fn two_instances_with_different_partitions_apply_everything_once_in_order(
     assert_eq!(balances(&pool).await, want_balances);
     let last_versions: BTreeMap<Uuid, i64> = orders
         .iter()
-        .map(|o| (o.id.as_uuid(), o.events.len() as i64))
+        .map(|o| {
+            (
+                o.id.as_uuid(),
+                i64::try_from(o.events.len()).expect("a small count"),
+            )
+        })
         .collect();
     for schema in [Inventory::NAME, Points::NAME, Search::NAME] {
         assert_eq!(
@@ -258,7 +267,12 @@ async fn an_orders_events_all_go_to_one_partition(pool: PgPool) {
     let known = checkpoints(&pool, Points::NAME).await;
     let want: BTreeMap<Uuid, i64> = in_zero
         .iter()
-        .map(|o| (o.id.as_uuid(), o.events.len() as i64))
+        .map(|o| {
+            (
+                o.id.as_uuid(),
+                i64::try_from(o.events.len()).expect("a small count"),
+            )
+        })
         .collect();
     assert_eq!(known, want, "partition 0 touched its own orders only");
 
@@ -308,7 +322,7 @@ async fn partitions_updating_the_same_sku_and_customer_at_once_neither_deadlock_
         .count();
     assert_eq!(
         count(&pool, "points.ledger").await,
-        (orders.len() + cancelled) as i64,
+        i64::try_from(orders.len() + cancelled).expect("a small count"),
         "one ledger row per payment and per cancelled payment"
     );
 }

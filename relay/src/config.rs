@@ -98,6 +98,12 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
+    /// [`RelayConfig::lanes`], at least one, as PostgreSQL pools and peer seats count it (saturating:
+    /// no machine runs 2^32 lanes).
+    pub(crate) fn lane_count(&self) -> u32 {
+        u32::try_from(self.lanes.max(1)).unwrap_or(u32::MAX)
+    }
+
     /// The deliberate publish failures: none unless the `fault-injection` feature is on and asks.
     pub(crate) fn faults(&self) -> PublishFaults {
         #[cfg(feature = "fault-injection")]
@@ -155,4 +161,21 @@ pub fn default_relay_id() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_owned());
     format!("relay-{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lane_count_is_at_least_one_and_saturates_instead_of_wrapping() {
+        let with = |lanes| RelayConfig {
+            lanes,
+            ..RelayConfig::default()
+        };
+        assert_eq!(with(0).lane_count(), 1);
+        assert_eq!(with(8).lane_count(), 8);
+        // `as u32` made 2^32 lanes 0.
+        assert_eq!(with(1 << 32).lane_count(), u32::MAX);
+    }
 }

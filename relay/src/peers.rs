@@ -64,7 +64,7 @@ impl Seat {
                 .map(|(_, lanes)| lanes.max(&1))
                 .sum(),
             total: holders.iter().map(|(_, lanes)| lanes.max(&1)).sum(),
-            relays: holders.len() as u32,
+            relays: u32::try_from(holders.len()).unwrap_or(u32::MAX),
         })
     }
 
@@ -197,6 +197,10 @@ impl Member {
                 }
                 return Ok(None);
             };
+            #[allow(
+                clippy::cast_possible_wrap,
+                reason = "slot < MAX_SLOTS and lanes < LANE_LIMIT (clamped in join): the key is below 2^16"
+            )]
             sqlx::query("SELECT pg_advisory_lock($1, $2)")
                 .bind(LANES)
                 .bind(slot * LANE_LIMIT as i32 + self.lanes as i32)
@@ -217,11 +221,12 @@ impl Member {
         .await?;
         let holders: Vec<(i32, u32)> = holders
             .into_iter()
-            .map(|(key,)| {
-                (
-                    (key / i64::from(LANE_LIMIT)) as i32,
-                    (key % i64::from(LANE_LIMIT)) as u32,
-                )
+            // An oid (0..2^32) split as announced; a key out of range is no relay's announcement.
+            .filter_map(|(key,)| {
+                Some((
+                    i32::try_from(key / i64::from(LANE_LIMIT)).ok()?,
+                    u32::try_from(key % i64::from(LANE_LIMIT)).ok()?,
+                ))
             })
             .collect();
         Ok(Seat::among(&holders, *slot))

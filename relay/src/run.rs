@@ -32,7 +32,7 @@ const UNSPLIT_EVERY: Duration = Duration::from_secs(1);
 
 /// How a relay names its PostgreSQL sessions (`application_name`), followed by its relay id. Relays
 /// end each other's stalled claims by this prefix; nothing else may use it.
-pub const APPLICATION_PREFIX: &str = "waybill-relay ";
+pub(crate) const APPLICATION_PREFIX: &str = "waybill-relay ";
 
 /// Why [`Relay::connect`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +136,7 @@ impl Relay {
             &format!("{APPLICATION_PREFIX}{}", config.relay_id),
             // Per lane: the claim transaction (the journal has its own pool); plus the gauges,
             // the notification listener (which keeps its connection) and the retention sweep.
-            config.lanes.max(1) as u32 + 3,
+            config.lane_count().saturating_add(3),
             &[
                 ("idle_in_transaction_session_timeout", idle),
                 // A lost mark (PostgreSQL crashing within ~0.6 s of the commit) only means the rows are
@@ -169,8 +169,8 @@ impl Relay {
         let journal_options = (*pool.connect_options())
             .clone()
             .options([("synchronous_commit", "on")]);
-        let journal_pool = ops::database::pool_options(config.lanes.max(1) as u32)
-            .connect_lazy_with(journal_options);
+        let journal_pool =
+            ops::database::pool_options(config.lane_count()).connect_lazy_with(journal_options);
         let jetstream = jetstream::context::ContextBuilder::new()
             .timeout(config.effective_publish_timeout())
             // Every lane may have `max_in_flight` publishes outstanding: lanes must not wait on each
@@ -237,8 +237,8 @@ impl Relay {
         seat: Option<Seat>,
     ) -> Result<StepReport, StepError> {
         let ended = self.end_stale_claims().await.map_err(StepError::Claim)?;
-        let alone = Seat::alone(self.config.lanes.max(1) as u32);
-        let share = lane.and_then(|lane| seat.unwrap_or(alone).share(lane as u32));
+        let alone = Seat::alone(self.config.lane_count());
+        let share = lane.and_then(|lane| seat.unwrap_or(alone).share(u32::try_from(lane).ok()?));
         let mut report = step(
             &self.pool,
             &self.journal_pool,
@@ -249,7 +249,7 @@ impl Relay {
             share,
         )
         .await?;
-        report.stale_claims_ended = ended as usize;
+        report.stale_claims_ended = usize::try_from(ended).unwrap_or(usize::MAX);
         Ok(report)
     }
 
@@ -290,7 +290,7 @@ impl Relay {
     pub async fn drain(&self) -> Result<RunSummary, StepError> {
         let mut summary = RunSummary::default();
         let mut waiting_since: Option<Instant> = None;
-        let peers = Peers::join(&self.pool, self.config.lanes.max(1) as u32).await;
+        let peers = Peers::join(&self.pool, self.config.lane_count()).await;
         loop {
             let mut round = RunSummary::default();
             let lanes = (0..self.config.lanes.max(1)).map(|lane| self.drain_lane(lane, &peers));
@@ -391,7 +391,7 @@ impl Relay {
                 wakes.iter().for_each(|w| w.notify_one());
             })
         };
-        let peers = Peers::join(&self.pool, self.config.lanes.max(1) as u32).await;
+        let peers = Peers::join(&self.pool, self.config.lane_count()).await;
         let listener = tokio::spawn(listen(self.pool.clone(), wakes.clone()));
         let gauges = tokio::spawn(refresh_gauges(self.pool.clone()));
         let sweeper = self.config.retention.map(|retention| {

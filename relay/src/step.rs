@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -56,7 +56,8 @@ pub struct StepReport {
 impl StepReport {
     /// True when the claim was as large as allowed: more rows are probably waiting.
     pub fn was_full(&self, config: &RelayConfig) -> bool {
-        self.heads as i64 >= config.batch_size || self.claimed as i64 >= config.max_rows
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        count(self.heads) >= config.batch_size || count(self.claimed) >= config.max_rows
     }
 }
 
@@ -204,7 +205,8 @@ pub async fn step(
         metrics::record_lost_claim();
         return Err(StepError::Settle(error, Box::new(report)));
     }
-    report.marked_sent = settled.sent as usize;
+    // A count of updated rows: never negative.
+    report.marked_sent = usize::try_from(settled.sent).unwrap_or(0);
     if report.marked_sent < settlement.sent.len() {
         // Cannot happen while the claim holds its locks; if it does, the rows stay unsent and are
         // published again (deduplicated), which is safe but worth knowing.
@@ -215,10 +217,10 @@ pub async fn step(
         claimed,
         published = report.published,
         failed = report.failed,
-        lock_ms = lock_time.as_millis() as u64,
-        claim_ms = claim_time.as_millis() as u64,
-        publish_ms = publish_time.as_millis() as u64,
-        settle_ms = (started.elapsed() - claim_time - publish_time).as_millis() as u64,
+        lock_ms = whole_ms(lock_time),
+        claim_ms = whole_ms(claim_time),
+        publish_ms = whole_ms(publish_time),
+        settle_ms = whole_ms(started.elapsed() - claim_time - publish_time),
         "step settled"
     );
     Ok(report)
@@ -326,4 +328,9 @@ async fn forget_journal(pool: &PgPool, claim_id: Uuid) {
     if let Err(error) = relaying::forget_journal(pool, claim_id).await {
         tracing::debug!(error = %ops::error_chain(&error), %claim_id, "cannot withdraw the journal record of a lost claim");
     }
+}
+
+/// A duration in whole milliseconds for the logs (saturating: no step lasts 2^64 ms).
+fn whole_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

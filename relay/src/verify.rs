@@ -535,7 +535,7 @@ mod tests {
             aggregate_type: "order".into(),
             aggregate_id: AGGREGATE,
             aggregate_version: version,
-            event_id: Uuid::from_u128(100 + version as u128),
+            event_id: Uuid::from_u128(100 + u128::try_from(version).expect("a positive version")),
             recorded_at: Utc::now(),
             status: status.map(|s| s.parse().expect("an outbox status")),
             stream_seq,

@@ -78,7 +78,7 @@ async fn a_step_publishes_each_row_once_with_its_headers_and_marks_it_sent(pool:
         rows[0],
         (
             "sent".into(),
-            Some(first.sequence as i64),
+            Some(i64::try_from(first.sequence).expect("in range")),
             1,
             Some("relay-a".into())
         )
@@ -183,7 +183,10 @@ async fn sigkill_between_puback_and_mark_sent_is_recovered_by_dedupe(pool: PgPoo
             .expect("row");
     assert_eq!(
         (status.as_str(), seq),
-        ("sent", Some(stream[0].sequence as i64))
+        (
+            "sent",
+            Some(i64::try_from(stream[0].sequence).expect("in range"))
+        )
     );
 }
 
@@ -229,7 +232,7 @@ async fn nats_going_away_mid_batch_loses_nothing(pool: PgPool) {
     );
     assert_eq!(
         counts.get("failed").copied().unwrap_or(0),
-        report.failed as i64,
+        i64::try_from(report.failed).expect("in range"),
         "{counts:?}"
     );
 
@@ -506,18 +509,22 @@ async fn a_graceful_stop_settles_what_was_published_and_releases_the_rest(pool: 
     let sent = counts.get("sent").copied().unwrap_or(0);
     assert!(sent > 0 && sent < 2000, "stopped mid-way: {counts:?}");
     assert_eq!(
-        sent as u64, summary.marked_sent,
+        u64::try_from(sent).expect("in range"),
+        summary.marked_sent,
         "everything acknowledged was settled"
     );
     assert_eq!(
-        h.stream().await.len() as i64,
+        i64::try_from(h.stream().await.len()).expect("in range"),
         sent,
         "nothing published without being marked"
     );
     // The rest is released: another relay can claim all of it right away.
     let other = h.relay(h.config("relay-b")).await;
     let drained = other.drain().await.expect("drain");
-    assert_eq!(drained.marked_sent as i64, 2000 - sent);
+    assert_eq!(
+        i64::try_from(drained.marked_sent).expect("in range"),
+        2000 - sent
+    );
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
@@ -592,8 +599,8 @@ async fn a_republish_after_the_dedupe_window_is_fenced_and_ends_sent(pool: PgPoo
     assert_eq!(
         sequences,
         vec![
-            Some(stream[0].sequence as i64),
-            Some(stream[1].sequence as i64)
+            Some(i64::try_from(stream[0].sequence).expect("in range")),
+            Some(i64::try_from(stream[1].sequence).expect("in range"))
         ]
     );
 }
@@ -798,4 +805,24 @@ async fn lanes_claim_disjoint_aggregates_even_when_one_claim_could_take_them_all
     for tx in lanes {
         tx.rollback().await.expect("rollback");
     }
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_lane_count_past_postgresqls_int_is_refused_and_claims_nothing(pool: PgPool) {
+    // u32::MAX lanes as an int was -1: modulo -1 put every aggregate in lane 0.
+    seed(&pool, 2, 1).await;
+    let mut tx = relay::claim::begin(&pool).await.expect("begin");
+    let refused = relay::claim::claim(&mut tx, 100, 100, Some((0, u32::MAX))).await;
+    assert!(
+        matches!(refused, Err(sqlx::Error::Encode(_))),
+        "{refused:?}"
+    );
+    // Nothing was locked: another claim takes both heads.
+    let mut other = relay::claim::begin(&pool).await.expect("begin");
+    let rows = relay::claim::claim(&mut other, 100, 100, None)
+        .await
+        .expect("claim");
+    assert_eq!(rows.len(), 2);
+    other.rollback().await.expect("rollback");
+    tx.rollback().await.expect("rollback");
 }

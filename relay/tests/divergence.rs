@@ -184,7 +184,10 @@ async fn rows_the_stream_holds_at_their_version_are_marked_sent_with_their_seque
     .fetch_all(&h.pool)
     .await
     .expect("rows");
-    let expected: Vec<Option<i64>> = stream.iter().map(|m| Some(m.sequence as i64)).collect();
+    let expected: Vec<Option<i64>> = stream
+        .iter()
+        .map(|m| Some(i64::try_from(m.sequence).expect("in range")))
+        .collect();
     assert_eq!(sequences, expected, "each row records where its event is");
     let check = testkit::check_stream(&h.stream().await, PREFIX);
     assert_eq!(check.messages, 3, "no copy: {check:?}");

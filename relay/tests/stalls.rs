@@ -36,7 +36,7 @@ fn relay_once(h: &Harness, relay_id: &str, extra: &[&str]) -> Child {
 fn signal(child: &Child, signal: Signal) {
     let pid = child
         .id()
-        .and_then(|id| Pid::from_raw(id as i32))
+        .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?))
         .expect("running");
     kill_process(pid, signal).expect("signal");
 }

@@ -25,7 +25,7 @@ pub(crate) enum Unwritten {
 
 impl Unwritten {
     /// True when another transaction's lock was waited on past the lock timeout.
-    pub fn is_locked(&self) -> bool {
+    pub(crate) fn is_locked(&self) -> bool {
         match self {
             Self::Locked => true,
             Self::Error(error) => is_lock_timeout(error),

@@ -119,6 +119,10 @@ pub(crate) async fn append_with(
     };
     match written {
         Ok(n) if n == events.len() as u64 => Ok(AppendResult {
+            #[allow(
+                clippy::cast_possible_wrap,
+                reason = "check_batch saw the last event at expected_version + len: it fits"
+            )]
             aggregate_version: expected_version + events.len() as i64,
             event_ids: events.iter().map(|e| e.event_id).collect(),
         }),
@@ -152,7 +156,11 @@ fn check_batch(
                 "events of more than one aggregate",
             ));
         }
-        if event.aggregate_version != expected_version + 1 + offset as i64 {
+        // Checked: a version past i64::MAX is a bad batch, not an overflow.
+        let version = i64::try_from(offset)
+            .ok()
+            .and_then(|offset| expected_version.checked_add(offset)?.checked_add(1));
+        if version != Some(event.aggregate_version) {
             return Err(AppendError::InvalidBatch(
                 "event versions must continue from the expected version without gaps",
             ));
@@ -170,7 +178,7 @@ pub(crate) struct Part<'a> {
 }
 
 impl<'a> Part<'a> {
-    pub fn new(
+    pub(crate) fn new(
         expected_version: i64,
         events: &'a [EventEnvelope],
         traceparent: Option<&'a str>,
@@ -229,6 +237,11 @@ async fn record_key(
     expected_version: i64,
     events: &[EventEnvelope],
 ) -> Result<(), AppendError> {
+    #[allow(
+        clippy::cast_possible_wrap,
+        reason = "check_batch saw the last event at expected_version + len: it fits"
+    )]
+    let last_version = expected_version + events.len() as i64;
     // A concurrent request with the same key blocks here until the first commits, then finds the key
     // (or, past the session's `lock_timeout` — 2 s in `waybill serve` — fails and may be retried).
     let inserted = sqlx::query(
@@ -240,7 +253,7 @@ async fn record_key(
     .bind(key)
     .bind(request)
     .bind(aggregate_id)
-    .bind(expected_version + events.len() as i64)
+    .bind(last_version)
     .bind(events.iter().map(|e| e.event_id).collect::<Vec<_>>())
     .execute(&mut **tx)
     .await?

@@ -51,7 +51,7 @@ pub(crate) enum SettleError {
 
 impl Backend {
     /// The backend serving `connection` (sqlx keeps the id it got at the handshake to itself).
-    pub async fn of(connection: &mut PgConnection) -> sqlx::Result<Self> {
+    pub(crate) async fn of(connection: &mut PgConnection) -> sqlx::Result<Self> {
         let (pid, started) = sqlx::query_as(
             "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()",
         )
@@ -61,7 +61,7 @@ impl Backend {
     }
 
     /// The process id, for logs.
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.pid
     }
 
@@ -69,7 +69,7 @@ impl Backend {
     /// until it is gone, then returns the aggregate of each of `event_ids` that is stored: the
     /// truth, since nothing the backend had not committed can commit any more. Ending a backend of
     /// the same login role needs no privilege.
-    pub async fn end_and_read(
+    pub(crate) async fn end_and_read(
         &self,
         pool: &PgPool,
         event_ids: &[Uuid],

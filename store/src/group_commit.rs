@@ -71,7 +71,7 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
-    pub fn part(&self) -> Part<'_> {
+    pub(crate) fn part(&self) -> Part<'_> {
         Part::new(
             self.expected_version,
             &self.events,

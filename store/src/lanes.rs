@@ -52,7 +52,7 @@ impl Lane {
 }
 
 impl Lanes {
-    pub fn new(pool: PgPool) -> Arc<Self> {
+    pub(crate) fn new(pool: PgPool) -> Arc<Self> {
         Arc::new(Self {
             pool,
             lanes: Mutex::new(HashMap::new()),
@@ -61,7 +61,7 @@ impl Lanes {
 
     /// Queues `pending` in its aggregate's lane if the aggregate has one; otherwise hands it back
     /// for a group.
-    pub fn divert(self: &Arc<Self>, pending: Pending) -> Option<Pending> {
+    pub(crate) fn divert(self: &Arc<Self>, pending: Pending) -> Option<Pending> {
         let now = Instant::now();
         let mut lanes = self.lock();
         match lanes.get(&pending.aggregate_id) {
@@ -79,7 +79,7 @@ impl Lanes {
     }
 
     /// Queues `pending` in its aggregate's lane, opening one if needed.
-    pub fn push(self: &Arc<Self>, pending: Pending) {
+    pub(crate) fn push(self: &Arc<Self>, pending: Pending) {
         let mut lanes = self.lock();
         self.queue(&mut lanes, pending);
     }

@@ -567,3 +567,24 @@ async fn an_unknown_order_is_not_found_whatever_version_is_expected(pool: PgPool
         "{err}"
     );
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_version_past_the_largest_is_a_bad_batch_and_writes_nothing(pool: PgPool) {
+    let id = new_order_id();
+    // The next version would be i64::MAX + 1: refused, not an overflow.
+    let events = [envelope(id, i64::MAX, &placed_event())];
+    let result = append(
+        &pool,
+        id.as_uuid(),
+        i64::MAX,
+        &events,
+        &AppendOptions::default(),
+    )
+    .await;
+    assert!(
+        matches!(result, Err(AppendError::InvalidBatch(_))),
+        "{result:?}"
+    );
+    assert_eq!(count(&pool, "events").await, 0);
+    assert_eq!(count(&pool, "outbox").await, 0);
+}

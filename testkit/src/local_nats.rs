@@ -191,6 +191,10 @@ pub fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
             held.push(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?);
             continue;
         }
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "a remainder modulo a u16 difference fits in a u16"
+        )]
         let port = LOWEST_PORT + (random() % u64::from(ceiling - LOWEST_PORT)) as u16;
         if handed_out().contains(&port) {
             continue;

@@ -25,7 +25,7 @@ pub struct StoredEvent {
 pub async fn stream_events(jetstream: &jetstream::Context, stream: &str) -> Vec<StoredEvent> {
     let mut stream = jetstream.get_stream(stream).await.expect("stream exists");
     let state = stream.info().await.expect("stream info").state.clone();
-    let mut events = Vec::with_capacity(state.messages as usize);
+    let mut events = Vec::with_capacity(usize::try_from(state.messages).unwrap_or(0));
     for sequence in state.first_sequence..=state.last_sequence {
         if state.messages == 0 {
             break;
@@ -113,7 +113,7 @@ pub fn check_stream(events: &[StoredEvent], prefix: &str) -> StreamCheck {
         }
     }
     for (aggregate, versions) in versions_by_aggregate(events) {
-        if !versions.iter().copied().eq(1..=versions.len() as i64) {
+        if !versions.iter().copied().eq((1_i64..).take(versions.len())) {
             check.out_of_order.push(aggregate);
         }
     }

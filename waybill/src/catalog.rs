@@ -2,15 +2,15 @@
 //! stream's subjects, headers and messages; `tool` runs the command and its subcommands (`show`,
 //! `diff`), `diff` compares two versions of a payload.
 
-pub mod diff;
-pub mod tool;
+pub(crate) mod diff;
+pub(crate) mod tool;
 
 use domain::catalog::{PayloadSchema, payload_schemas};
 use domain::wire;
 use serde_json::{Map, Value, json};
 
 /// Every payload schema, as `{event_type: {version: schema}}`.
-pub fn schemas() -> Value {
+pub(crate) fn schemas() -> Value {
     let mut by_type = Map::new();
     for PayloadSchema {
         event_type,
@@ -25,7 +25,7 @@ pub fn schemas() -> Value {
 }
 
 /// The AsyncAPI 2.6 document of the stream `stream` under `prefix`: one channel per aggregate type.
-pub fn asyncapi(stream: &str, prefix: &str) -> Value {
+pub(crate) fn asyncapi(stream: &str, prefix: &str) -> Value {
     let mut channels = Map::new();
     let mut messages = Map::new();
     let mut payloads = Map::new();

@@ -16,7 +16,7 @@ use uuid::Uuid;
     propagate_version = true,
     max_term_width = 100
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// The event store.
     #[command(flatten)]
     pub database: ops::DatabaseArgs,
@@ -31,7 +31,7 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Create the database if it does not exist and apply every pending migration.
     Migrate,
     /// Run the HTTP order service (POST /orders, /orders/{id}/pay|cancel|ship, GET /orders/{id},
@@ -81,7 +81,7 @@ pub enum Command {
 
 /// `waybill customer …`.
 #[derive(Debug, Subcommand)]
-pub enum CustomerCommand {
+pub(crate) enum CustomerCommand {
     /// Register a customer under a handle (the `customer_id` its orders carry).
     ///
     /// Example: waybill customer register --customer alice --name "Alice Liddell"
@@ -94,7 +94,7 @@ pub enum CustomerCommand {
 
 /// `waybill customer register`.
 #[derive(Debug, Args)]
-pub struct CustomerRegisterArgs {
+pub(crate) struct CustomerRegisterArgs {
     /// The handle, 1–64 characters from [A-Za-z0-9._:-].
     #[arg(long, value_parser = parse_customer)]
     pub customer: CustomerId,
@@ -108,7 +108,7 @@ pub struct CustomerRegisterArgs {
 
 /// `waybill customer rename`.
 #[derive(Debug, Args)]
-pub struct CustomerRenameArgs {
+pub(crate) struct CustomerRenameArgs {
     /// The handle.
     #[arg(long, value_parser = parse_customer)]
     pub customer: CustomerId,
@@ -122,7 +122,7 @@ pub struct CustomerRenameArgs {
 
 /// `waybill customer show`.
 #[derive(Debug, Args)]
-pub struct CustomerShowArgs {
+pub(crate) struct CustomerShowArgs {
     /// The handle.
     #[arg(long, value_parser = parse_customer)]
     pub customer: CustomerId,
@@ -134,7 +134,7 @@ fn parse_customer(text: &str) -> Result<CustomerId, String> {
 
 /// `waybill outbox …`.
 #[derive(Debug, Subcommand)]
-pub enum OutboxCommand {
+pub(crate) enum OutboxCommand {
     #[command(flatten)]
     Rows(relay::cli::OutboxCommand),
     #[command(flatten)]
@@ -143,7 +143,7 @@ pub enum OutboxCommand {
 
 /// The arguments of a command that another binary carries out (`waybill-lab`), passed on as given.
 #[derive(Debug, Args)]
-pub struct HandedOver {
+pub(crate) struct HandedOver {
     /// Arguments for the `waybill-lab` command of the same name (try --help).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<String>,
@@ -151,7 +151,7 @@ pub struct HandedOver {
 
 /// `waybill roles …`.
 #[derive(Debug, Subcommand)]
-pub enum RolesCommand {
+pub(crate) enum RolesCommand {
     /// Create (or bring up to date) the group roles waybill_app (the command side: append events,
     /// outbox rows and idempotency keys; read events), waybill_relay (read and settle the outbox, its
     /// journal, purge) and waybill_projection (its own schemas, and read events to catch up from
@@ -163,7 +163,7 @@ pub enum RolesCommand {
 
 /// The commands that read or change one order.
 #[derive(Debug, Subcommand)]
-pub enum OrderCommand {
+pub(crate) enum OrderCommand {
     /// Place a new order.
     ///
     /// Example: waybill place --customer alice --currency EUR --line MUG-BLUE:2:1250 --line TEA:1:500
@@ -183,7 +183,7 @@ pub enum OrderCommand {
 // `waybill schema` and `waybill schema --asyncapi` keep their meaning; a subcommand takes none of
 // these flags, so mixing them is an error rather than a flag silently ignored.
 #[command(args_conflicts_with_subcommands = true)]
-pub struct SchemaArgs {
+pub(crate) struct SchemaArgs {
     /// Print the AsyncAPI document instead of the payload schemas.
     #[arg(long)]
     pub asyncapi: bool,
@@ -199,7 +199,7 @@ pub struct SchemaArgs {
 
 /// `waybill schema show|diff`.
 #[derive(Debug, Subcommand)]
-pub enum SchemaCommand {
+pub(crate) enum SchemaCommand {
     /// Print the JSON Schema of one payload version, exactly as it is committed under
     /// domain/schemas/ (maintainers write that file with `cargo xtask write-schema`).
     ///
@@ -216,7 +216,7 @@ pub enum SchemaCommand {
 
 /// `waybill schema show`.
 #[derive(Debug, Args)]
-pub struct SchemaShowArgs {
+pub(crate) struct SchemaShowArgs {
     /// The event type, e.g. order.placed or customer.renamed.
     pub event_type: String,
     /// The payload version [default: the type's current version].
@@ -226,7 +226,7 @@ pub struct SchemaShowArgs {
 
 /// `waybill schema diff`.
 #[derive(Debug, Args)]
-pub struct SchemaDiffArgs {
+pub(crate) struct SchemaDiffArgs {
     /// The event type, e.g. order.placed.
     pub event_type: String,
     /// The version to compare from.
@@ -239,7 +239,7 @@ pub struct SchemaDiffArgs {
 
 /// `waybill serve`.
 #[derive(Debug, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Address of the public API.
     #[arg(long, env = "WAYBILL_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
@@ -274,7 +274,7 @@ pub struct ServeArgs {
 
 /// The limits of the HTTP edge, on both listeners.
 #[derive(Debug, Args)]
-pub struct EdgeArgs {
+pub(crate) struct EdgeArgs {
     /// Time a client has to send a request's headers (from connect, or from the previous response).
     #[arg(long, env = "WAYBILL_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub header_read_timeout: std::time::Duration,
@@ -296,7 +296,7 @@ pub struct EdgeArgs {
 
 impl EdgeArgs {
     /// The edge configuration these flags describe.
-    pub fn config(&self) -> ops::EdgeConfig {
+    pub(crate) fn config(&self) -> ops::EdgeConfig {
         ops::EdgeConfig {
             header_read_timeout: self.header_read_timeout,
             request_timeout: self.request_timeout,
@@ -329,7 +329,7 @@ fn duration(text: &str) -> Result<std::time::Duration, String> {
 
 /// Options every state-changing command accepts.
 #[derive(Debug, Args)]
-pub struct WriteOptions {
+pub(crate) struct WriteOptions {
     /// A key that makes the command safe to retry: a repeat with the same key and the same request
     /// returns the first result and writes nothing; the same key with a different request is refused.
     #[arg(long, value_name = "KEY")]
@@ -349,7 +349,7 @@ pub struct WriteOptions {
 
 /// Which payload versions to write: the expand phase of a rollout.
 #[derive(Debug, Args)]
-pub struct WriteVersionArgs {
+pub(crate) struct WriteVersionArgs {
     /// Write this event type in an older payload version, as TYPE=VERSION (e.g. order.placed=2), while
     /// readers that know only that version are still running; repeatable (comma-separated in the
     /// environment variable). Each event is downcast from the current version, and one the older
@@ -361,7 +361,7 @@ pub struct WriteVersionArgs {
 
 impl WriteVersionArgs {
     /// The versions to write.
-    pub fn versions(&self) -> domain::WriteVersions {
+    pub(crate) fn versions(&self) -> domain::WriteVersions {
         domain::WriteVersions::from_pairs(self.write_versions.iter().cloned())
     }
 }
@@ -372,7 +372,7 @@ fn write_version(text: &str) -> Result<(String, i32), String> {
 
 /// `waybill place`.
 #[derive(Debug, Args)]
-pub struct PlaceArgs {
+pub(crate) struct PlaceArgs {
     /// Who places the order: 1–64 characters from letters, digits, '-', '_', '.' and ':'.
     #[arg(long, value_name = "CUSTOMER_ID", value_parser = CustomerId::parse)]
     pub customer: CustomerId,
@@ -400,7 +400,7 @@ pub struct PlaceArgs {
 
 /// `waybill pay`.
 #[derive(Debug, Args)]
-pub struct PayArgs {
+pub(crate) struct PayArgs {
     /// The order to pay.
     #[arg(value_parser = OrderId::parse)]
     pub order_id: OrderId,
@@ -419,7 +419,7 @@ pub struct PayArgs {
 
 /// `waybill cancel`.
 #[derive(Debug, Args)]
-pub struct CancelArgs {
+pub(crate) struct CancelArgs {
     /// The order to cancel.
     #[arg(value_parser = OrderId::parse)]
     pub order_id: OrderId,
@@ -434,7 +434,7 @@ pub struct CancelArgs {
 
 /// `waybill ship`.
 #[derive(Debug, Args)]
-pub struct ShipArgs {
+pub(crate) struct ShipArgs {
     /// The order to ship.
     #[arg(value_parser = OrderId::parse)]
     pub order_id: OrderId,
@@ -453,7 +453,7 @@ pub struct ShipArgs {
 
 /// `waybill show`.
 #[derive(Debug, Args)]
-pub struct ShowArgs {
+pub(crate) struct ShowArgs {
     /// The order to show.
     #[arg(value_parser = OrderId::parse)]
     pub order_id: OrderId,

@@ -14,7 +14,7 @@ use crate::cli::{CustomerRegisterArgs, CustomerRenameArgs, CustomerShowArgs};
 use crate::failure::{command_failure, with_hint};
 
 /// Registers a customer.
-pub async fn register(
+pub(crate) async fn register(
     store: &EventStore,
     args: CustomerRegisterArgs,
     json: bool,
@@ -32,7 +32,7 @@ pub async fn register(
 }
 
 /// Renames a customer.
-pub async fn rename(
+pub(crate) async fn rename(
     store: &EventStore,
     args: CustomerRenameArgs,
     json: bool,
@@ -47,7 +47,11 @@ pub async fn rename(
 }
 
 /// Shows a customer; an unknown handle is refused.
-pub async fn show(store: &EventStore, args: CustomerShowArgs, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn show(
+    store: &EventStore,
+    args: CustomerShowArgs,
+    json: bool,
+) -> anyhow::Result<()> {
     let key = CustomerKey::of(&args.customer);
     let customer = store.load_as::<Customer>(key).await.map_err(with_hint)?;
     if customer.version() == 0 {

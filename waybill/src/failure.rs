@@ -5,7 +5,7 @@ use store::CommandError;
 
 /// A command's error as the program ends with it: a refusal (a domain rule said no; nothing was
 /// written) is marked [`ops::Refused`] so that the run exits 2; anything else gets the migrate hint.
-pub fn command_failure<E: std::error::Error + Send + Sync + 'static>(
+pub(crate) fn command_failure<E: std::error::Error + Send + Sync + 'static>(
     error: CommandError<E>,
 ) -> anyhow::Error {
     if error.is_refusal() {
@@ -16,7 +16,7 @@ pub fn command_failure<E: std::error::Error + Send + Sync + 'static>(
 }
 
 /// Adds "run `waybill migrate`" to errors that come from a database that was never migrated.
-pub fn with_hint(error: impl Into<anyhow::Error>) -> anyhow::Error {
+pub(crate) fn with_hint(error: impl Into<anyhow::Error>) -> anyhow::Error {
     let error = error.into();
     let unmigrated = error
         .chain()
@@ -31,7 +31,7 @@ pub fn with_hint(error: impl Into<anyhow::Error>) -> anyhow::Error {
 
 /// The URL with its password (in the user info or a query parameter) replaced, fit for messages and
 /// logs.
-pub fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     ops::redact_url(url)
 }
 

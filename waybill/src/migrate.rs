@@ -6,7 +6,7 @@ use serde_json::json;
 use crate::failure::redact;
 
 /// Runs the migration and prints what it did.
-pub async fn run(database_url: &str, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn run(database_url: &str, json: bool) -> anyhow::Result<()> {
     let shown = redact(database_url);
     let created = ops::database::ensure_database(database_url)
         .await

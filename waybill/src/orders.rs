@@ -14,7 +14,7 @@ use crate::cli::{CancelArgs, PayArgs, PlaceArgs, ShipArgs, ShowArgs, WriteOption
 use crate::failure::{command_failure, with_hint};
 
 /// Places an order under a new (or the given) id.
-pub async fn place(store: &EventStore, args: PlaceArgs, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn place(store: &EventStore, args: PlaceArgs, json: bool) -> anyhow::Result<()> {
     let order_id = args
         .order_id
         .unwrap_or_else(|| OrderId::from_uuid(Uuid::now_v7()));
@@ -28,7 +28,7 @@ pub async fn place(store: &EventStore, args: PlaceArgs, json: bool) -> anyhow::R
 }
 
 /// Pays an order.
-pub async fn pay(store: &EventStore, args: PayArgs, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn pay(store: &EventStore, args: PayArgs, json: bool) -> anyhow::Result<()> {
     let command = OrderCommand::Pay(PayOrder {
         amount_cents: args.amount,
         payment_ref: args.payment_ref,
@@ -37,7 +37,7 @@ pub async fn pay(store: &EventStore, args: PayArgs, json: bool) -> anyhow::Resul
 }
 
 /// Cancels an order.
-pub async fn cancel(store: &EventStore, args: CancelArgs, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn cancel(store: &EventStore, args: CancelArgs, json: bool) -> anyhow::Result<()> {
     let command = OrderCommand::Cancel(CancelOrder {
         reason: args.reason,
     });
@@ -45,7 +45,7 @@ pub async fn cancel(store: &EventStore, args: CancelArgs, json: bool) -> anyhow:
 }
 
 /// Ships an order.
-pub async fn ship(store: &EventStore, args: ShipArgs, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn ship(store: &EventStore, args: ShipArgs, json: bool) -> anyhow::Result<()> {
     let command = OrderCommand::Ship(ShipOrder {
         carrier: args.carrier,
         tracking_number: args.tracking_number,
@@ -54,7 +54,7 @@ pub async fn ship(store: &EventStore, args: ShipArgs, json: bool) -> anyhow::Res
 }
 
 /// Shows the folded order; an unknown id is refused.
-pub async fn show(store: &EventStore, args: ShowArgs, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn show(store: &EventStore, args: ShowArgs, json: bool) -> anyhow::Result<()> {
     let order = store.load(args.order_id).await.map_err(with_hint)?;
     if order.status == OrderStatus::New {
         return Err(ops::Refused::new(OrderError::NotFound(args.order_id)).into());

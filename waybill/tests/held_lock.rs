@@ -76,7 +76,9 @@ async fn unrelated_orders(client: &Client, base: &str, length: Duration) -> Phas
                     .send()
                     .await
                     .expect("place");
-                phase.latencies_ms.push(sent.elapsed().as_millis() as u64);
+                phase
+                    .latencies_ms
+                    .push(u64::try_from(sent.elapsed().as_millis()).expect("in range"));
                 if placed.status() != StatusCode::CREATED {
                     phase.failures.push(format!("place: {}", placed.status()));
                     continue;
@@ -91,7 +93,9 @@ async fn unrelated_orders(client: &Client, base: &str, length: Duration) -> Phas
                     .send()
                     .await
                     .expect("pay");
-                phase.latencies_ms.push(sent.elapsed().as_millis() as u64);
+                phase
+                    .latencies_ms
+                    .push(u64::try_from(sent.elapsed().as_millis()).expect("in range"));
                 if paid.status() == StatusCode::OK {
                     phase.paid += 1;
                 } else {

@@ -24,7 +24,7 @@ fn series_class(label: &str) -> &'static str {
 }
 
 /// A chart named `name` (its key in the API's `series`) and its legend.
-pub fn chart(name: &str, series: &BTreeMap<String, Vec<(i64, f64)>>) -> Markup {
+pub(super) fn chart(name: &str, series: &BTreeMap<String, Vec<(i64, f64)>>) -> Markup {
     let (w, h) = (320.0, 110.0);
     let points = series.values().flatten();
     let (t0, t1) = points.clone().fold((i64::MAX, i64::MIN), |(a, b), (t, _)| {

@@ -10,7 +10,7 @@ use crate::html;
 
 /// How a value is shown; the script has the same formats.
 #[derive(Debug, Clone, Copy)]
-pub enum Format {
+pub(super) enum Format {
     Count,
     Rate,
     Age,
@@ -82,20 +82,20 @@ fn at(root: &Value, path: &str) -> Value {
 
 /// The overview as JSON (the same paths the script reads), to render live values from.
 #[derive(Debug)]
-pub struct Fields {
+pub(super) struct Fields {
     root: Value,
 }
 
 impl Fields {
     /// Fields read from `overview` serialized as the API serializes it.
-    pub fn of(overview: &impl serde::Serialize) -> Self {
+    pub(super) fn of(overview: &impl serde::Serialize) -> Self {
         Self {
             root: serde_json::to_value(overview).unwrap_or(Value::Null),
         }
     }
 
     /// A value the script keeps up to date.
-    pub fn field(&self, path: &str, format: Format) -> Markup {
+    pub(super) fn field(&self, path: &str, format: Format) -> Markup {
         html! {
             span.v data-k=(path) data-f=(format.name()) { (html::text(&format.show(&at(&self.root, path)))) }
         }
@@ -111,22 +111,22 @@ impl Fields {
     }
 
     /// A row of a card: a label and a value.
-    pub fn row(&self, label: &str, path: &str, format: Format) -> Markup {
+    pub(super) fn row(&self, label: &str, path: &str, format: Format) -> Markup {
         html! { div.row { dt { (label) } dd { (self.field(path, format)) } } }
     }
 
     /// `inner`, shown while `path` is truthy.
-    pub fn when(&self, path: &str, inner: Markup) -> Markup {
+    pub(super) fn when(&self, path: &str, inner: Markup) -> Markup {
         html! { div data-when=(path) hidden[!self.truthy(path)] { (inner) } }
     }
 
     /// `inner`, shown while `path` is falsy.
-    pub fn unless(&self, path: &str, inner: Markup) -> Markup {
+    pub(super) fn unless(&self, path: &str, inner: Markup) -> Markup {
         html! { div data-unless=(path) hidden[self.truthy(path)] { (inner) } }
     }
 
     /// The error at `path` as a red paragraph, shown only while there is one.
-    pub fn error(&self, path: &str) -> Markup {
+    pub(super) fn error(&self, path: &str) -> Markup {
         self.when(path, html! { p.error { (self.field(path, Format::Text)) } })
     }
 }

@@ -21,7 +21,7 @@ use fields::{Fields, Format};
 
 /// The overview API's answer.
 #[derive(Debug, Serialize)]
-pub struct Overview {
+pub(crate) struct Overview {
     /// The pipeline now.
     pub snapshot: Snapshot,
     /// The charts' data.
@@ -43,12 +43,12 @@ impl Overview {
 }
 
 /// `GET /console/api/overview`.
-pub async fn api(State(console): State<Shared>) -> Json<Overview> {
+pub(crate) async fn api(State(console): State<Shared>) -> Json<Overview> {
     Json(Overview::now(&console).await)
 }
 
 /// `GET /console`.
-pub async fn page(State(console): State<Shared>) -> Response {
+pub(crate) async fn page(State(console): State<Shared>) -> Response {
     let overview = Overview::now(&console).await;
     html::respond(
         StatusCode::OK,

@@ -11,7 +11,7 @@ use super::stage as card;
 use crate::relays::RelayMetricsView;
 
 /// The relay stage of the pipeline.
-pub fn stage(
+pub(super) fn stage(
     f: &Fields,
     metrics: &RelayMetricsView,
     outbox: Option<&relay::admin::OutboxStatus>,

@@ -8,7 +8,7 @@ use reqwest::Client;
 use sqlx::PgPool;
 
 /// A running `waybill-console` (killed when dropped) and a client for it.
-pub struct Console {
+pub(crate) struct Console {
     /// Its base URL (the pages are under `/console`).
     pub base: String,
     child: tokio::process::Child,
@@ -23,12 +23,12 @@ impl Console {
         dead_code,
         reason = "not every test file that shares this module starts it as the test's own user"
     )]
-    pub async fn start_with(pool: &PgPool, extra: &[&str]) -> Self {
+    pub(crate) async fn start_with(pool: &PgPool, extra: &[&str]) -> Self {
         Self::start_as(&testkit::database_url(pool).await, extra).await
     }
 
     /// `waybill-console run` on `database_url` (a login of a role under test), plus `extra` flags.
-    pub async fn start_as(database_url: &str, extra: &[&str]) -> Self {
+    pub(crate) async fn start_as(database_url: &str, extra: &[&str]) -> Self {
         let port = testkit::free_port().expect("a free port");
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-console"))
             .args(["run", "--listen", &format!("127.0.0.1:{port}")])
@@ -63,7 +63,7 @@ impl Console {
     }
 
     /// `GET {base}{path}`, answered with JSON.
-    pub async fn json(&self, path: &str) -> serde_json::Value {
+    pub(crate) async fn json(&self, path: &str) -> serde_json::Value {
         self.client
             .get(format!("{}{path}", self.base))
             .send()
@@ -75,7 +75,7 @@ impl Console {
     }
 
     /// `POST /console/api/outbox/dead/replay` of every dead row, with `authorization` if given.
-    pub async fn replay_all(&self, authorization: Option<&str>) -> reqwest::Response {
+    pub(crate) async fn replay_all(&self, authorization: Option<&str>) -> reqwest::Response {
         let mut request = self
             .client
             .post(format!("{}/console/api/outbox/dead/replay", self.base))
@@ -92,7 +92,7 @@ impl Console {
         dead_code,
         reason = "not every test file that shares this module replays"
     )]
-    pub async fn replay_with_the_token_only(&self, token: &str) -> u64 {
+    pub(crate) async fn replay_with_the_token_only(&self, token: &str) -> u64 {
         assert_eq!(self.replay_all(None).await.status(), 401);
         let wrong = format!("Bearer {}x", &token[..token.len() - 1]);
         assert_eq!(self.replay_all(Some(&wrong)).await.status(), 401);
@@ -107,7 +107,7 @@ impl Console {
         dead_code,
         reason = "not every test file that shares this module checks bare statuses"
     )]
-    pub async fn status(&self, path: &str) -> u16 {
+    pub(crate) async fn status(&self, path: &str) -> u16 {
         self.client
             .get(format!("{}{path}", self.base))
             .send()
@@ -130,7 +130,7 @@ impl Drop for Console {
     dead_code,
     reason = "not every test file that shares this module starts other binaries"
 )]
-pub fn workspace_binary(name: &str) -> PathBuf {
+pub(crate) fn workspace_binary(name: &str) -> PathBuf {
     testkit::workspace_binary(
         env!("CARGO_MANIFEST_DIR"),
         env!("CARGO_BIN_EXE_waybill-console"),
@@ -141,7 +141,7 @@ pub fn workspace_binary(name: &str) -> PathBuf {
 /// Lets each projection's runner apply everything in `stream` (under `prefix`), as a login of
 /// `database_url`, then returns: the built-in ones, then every read model of the registry through
 /// its own command line (`waybill-projection <name> run --once`, run in this process).
-pub async fn project_all(database_url: &str, nats: &str, stream: (&str, &str)) {
+pub(crate) async fn project_all(database_url: &str, nats: &str, stream: (&str, &str)) {
     use projections::{Inventory, Points, Search};
     project(Inventory, database_url, nats, stream).await;
     project(Points, database_url, nats, stream).await;

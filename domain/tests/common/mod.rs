@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use domain::EventEnvelope;
 
 /// Every fixture as `(file name, envelope)`, in name order so failures read the same on every run.
-pub fn fixtures() -> Vec<(String, EventEnvelope)> {
+pub(crate) fn fixtures() -> Vec<(String, EventEnvelope)> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures");
     let mut found = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("fixtures folder exists") {

@@ -24,7 +24,7 @@ use crate::demo::services::Services;
 
 /// `waybill bench` options.
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// The quick profile: smaller sizes and three rounds (about five minutes here, plus about three
     /// the first time, which seeds a million sent rows). The sizes of the run are in its output
     /// (`sizes`).
@@ -67,7 +67,7 @@ pub struct BenchArgs {
 
 /// The parts of a bench run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Part {
+pub(crate) enum Part {
     /// Orders through the store against a plain two-row transaction.
     Writers,
     /// Draining a backlog: one relay, two, best, hot aggregates, the baseline, CPU per event.
@@ -80,7 +80,7 @@ pub enum Part {
 
 /// Sizes of a run.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Profile {
+pub(crate) struct Profile {
     /// `quick` or `full`.
     pub name: &'static str,
     /// Rounds per measurement.
@@ -160,7 +160,7 @@ impl Profile {
 }
 
 /// Runs the bench; `Ok(false)` when `--check` found a missed target.
-pub async fn run(database_url: &str, args: BenchArgs) -> anyhow::Result<bool> {
+pub(crate) async fn run(database_url: &str, args: BenchArgs) -> anyhow::Result<bool> {
     let started = Instant::now();
     let profile = Profile::new(&args);
     anyhow::ensure!(profile.rounds >= 1, "--rounds must be at least 1");
@@ -227,13 +227,13 @@ async fn fresh_stream(
 
 /// Progress lines on standard error, stamped with the time since the start.
 #[derive(Debug, Clone, Copy)]
-pub struct Progress {
+pub(crate) struct Progress {
     started: Instant,
 }
 
 impl Progress {
     /// Prints one progress line.
-    pub fn say(&self, text: &str) {
+    pub(crate) fn say(&self, text: &str) {
         eprintln!("[{:>6.1}s] {text}", self.started.elapsed().as_secs_f64());
     }
 }

@@ -30,7 +30,7 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
 /// One step at a steady offered rate.
 #[derive(Debug, Clone, Serialize)]
-pub struct LoadStep {
+pub(super) struct LoadStep {
     /// Events (commands) per second offered.
     pub offered: u64,
     /// Commands accepted per second.
@@ -63,7 +63,7 @@ pub struct LoadStep {
 
 /// The pipeline's figures.
 #[derive(Debug, Clone, Serialize)]
-pub struct PipelineFigures {
+pub(super) struct PipelineFigures {
     /// The end-to-end measurement at the profile's steady rate.
     pub e2e: LoadStep,
     /// The sweep, by rising offered rate.
@@ -75,7 +75,7 @@ pub struct PipelineFigures {
 }
 
 /// Starts the fleet on a fresh database and stream, measures the steady rate and the sweep.
-pub async fn measure(
+pub(super) async fn measure(
     services: &Services,
     profile: &Profile,
     progress: &Progress,

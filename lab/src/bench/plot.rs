@@ -11,7 +11,7 @@ const WIDTH: u32 = 1200;
 const HEIGHT: u32 = 480;
 
 /// Draws what `report` has into `path`.
-pub fn draw(path: &Path, report: &Report) -> anyhow::Result<()> {
+pub(super) fn draw(path: &Path, report: &Report) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     let title = format!(
@@ -148,7 +148,13 @@ fn throughput(
         .y_label_formatter(&|y| {
             let index = (y - 0.5).round();
             if (y - 0.5 - index).abs() < 0.01 && index >= 0.0 {
-                labels.get(index as usize).cloned().unwrap_or_default()
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    reason = "a whole, non-negative bar index; `as` saturates and `get` answers None past the end"
+                )]
+                let index = index as usize;
+                labels.get(index).cloned().unwrap_or_default()
             } else {
                 String::new()
             }

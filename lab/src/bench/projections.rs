@@ -23,7 +23,7 @@ const DATABASE: &str = "waybill_bench_projections";
 
 /// Events applied per second, per projection (medians over the rounds).
 #[derive(Debug, Clone, Serialize)]
-pub struct ProjectionFigures {
+pub(super) struct ProjectionFigures {
     pub inventory: f64,
     pub points: f64,
     pub search: f64,
@@ -34,7 +34,7 @@ pub struct ProjectionFigures {
 }
 
 /// Fills the stream once and measures the three projections.
-pub async fn measure(
+pub(super) async fn measure(
     services: &Services,
     profile: &Profile,
     progress: &Progress,
@@ -91,7 +91,7 @@ async fn rounds<P: Projection + Clone>(
             )
             .await?;
         anyhow::ensure!(
-            tally.applied as usize == events,
+            usize::try_from(tally.applied).is_ok_and(|applied| applied == events),
             "{} applied {} of {events} events",
             P::NAME,
             tally.applied
@@ -135,14 +135,9 @@ async fn fill_stream(js: &jetstream::Context, prefix: &str, events: usize) -> an
                 tracking_number: domain::Note::parse("T")?,
             }))
         };
-        for (version, event) in [placed, paid, last].iter().enumerate() {
+        for (version, event) in (1_i64..).zip([placed, paid, last].iter()) {
             if envelopes.len() < events {
-                envelopes.push(EventEnvelope::wrap(
-                    event,
-                    order,
-                    version as i64 + 1,
-                    meta(),
-                ));
+                envelopes.push(EventEnvelope::wrap(event, order, version, meta()));
             }
         }
     }

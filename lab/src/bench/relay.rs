@@ -29,7 +29,7 @@ const MAX_EVENTS: f64 = 6_000_000.0;
 
 /// CPU microseconds per relayed event, by component.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct CpuPerEvent {
+pub(super) struct CpuPerEvent {
     /// All three.
     pub total: f64,
     /// The relay processes.
@@ -46,7 +46,7 @@ pub struct CpuPerEvent {
 /// process's start (connections, its seat among the relays) and end are not draining. `wall` has
 /// the same drains timed from the processes' start to their exit.
 #[derive(Debug, Clone, Serialize)]
-pub struct RelayFigures {
+pub(super) struct RelayFigures {
     /// One relay, one lane, with the history present.
     pub one: f64,
     /// Two relays, one lane each, with the history present.
@@ -79,7 +79,7 @@ pub struct RelayFigures {
 
 /// Every round's rate per mode.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Runs {
+pub(super) struct Runs {
     pub one: Vec<f64>,
     pub two: Vec<f64>,
     pub best: Vec<f64>,
@@ -90,7 +90,7 @@ pub struct Runs {
 
 /// Rates from the processes' start to their exit, events/s (medians).
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Wall {
+pub(super) struct Wall {
     pub one: f64,
     pub two: f64,
     pub best: f64,
@@ -115,7 +115,7 @@ struct Drained {
 }
 
 /// Runs every relay measurement.
-pub async fn measure(
+pub(super) async fn measure(
     services: &Services,
     profile: &Profile,
     progress: &Progress,
@@ -212,6 +212,11 @@ pub async fn measure(
         baseline: median(runs.baseline.clone()),
         cpu_us: median_cpu(&cpu_best),
         cpu_us_one_lane: median_cpu(&cpu_one),
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "the median of peak RSS figures (KiB, from u64s): non-negative and in range"
+        )]
         best_peak_rss_kib: median(rss) as u64,
         runs,
         wall: Wall {

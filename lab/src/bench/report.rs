@@ -13,7 +13,7 @@ use super::writers::WriterFigures;
 
 /// Everything one run measured; a part not run is `None`.
 #[derive(Debug)]
-pub struct Report {
+pub(super) struct Report {
     pub profile: Profile,
     pub writers: Option<Vec<(usize, WriterFigures)>>,
     pub relay: Option<RelayFigures>,
@@ -25,7 +25,7 @@ pub struct Report {
 
 /// One target of the performance issue, judged.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Target {
+pub(super) struct Target {
     /// What is compared, as a formula over the JSON keys.
     pub name: &'static str,
     /// The measured value (a ratio, µs, ms or events/s).
@@ -36,7 +36,7 @@ pub struct Target {
 }
 
 impl Report {
-    pub fn new(profile: &Profile) -> Self {
+    pub(super) fn new(profile: &Profile) -> Self {
         Self {
             profile: profile.clone(),
             writers: None,
@@ -48,7 +48,7 @@ impl Report {
     }
 
     /// The targets whose figures this run has.
-    pub fn judge(&self) -> Vec<Target> {
+    pub(super) fn judge(&self) -> Vec<Target> {
         let mut targets = Vec::new();
         let mut at_least = |name, value: f64, bound| {
             targets.push(Target {
@@ -114,7 +114,7 @@ impl Report {
     }
 
     /// The JSON document.
-    pub fn json(&self, targets: &[Target]) -> Value {
+    pub(super) fn json(&self, targets: &[Target]) -> Value {
         let mut document = json!({
             "profile": self.profile.name,
             "sizes": self.profile,
@@ -156,7 +156,7 @@ impl Report {
     }
 
     /// The table for people.
-    pub fn table(&self, targets: &[Target]) -> String {
+    pub(super) fn table(&self, targets: &[Target]) -> String {
         let mut out = String::new();
         let p = &self.profile;
         let _ = writeln!(
@@ -320,7 +320,7 @@ fn machine() -> Value {
 }
 
 /// `2 cores, 24 GiB`.
-pub fn machine_line() -> String {
+pub(super) fn machine_line() -> String {
     let m = machine();
     format!("{} cores, {} GiB", m["cores"], m["memory_gib"])
 }

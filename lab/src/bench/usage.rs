@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 /// What one process (or group of processes) used during a measurement.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Usage {
+pub(super) struct Usage {
     /// Highest resident memory of one process of the group, KiB.
     pub peak_rss_kib: u64,
     /// CPU seconds (user + system) spent during the measurement by the whole group.
@@ -23,7 +23,7 @@ pub struct Usage {
 
 /// Who to watch, by name.
 #[derive(Debug, Clone)]
-pub enum Watched {
+pub(super) enum Watched {
     /// These process ids.
     Pids(Vec<u32>),
     /// The PostgreSQL backends whose `application_name` starts with this (looked up every 500 ms).
@@ -33,14 +33,14 @@ pub enum Watched {
 }
 
 /// A running sampler; [`Sampler::finish`] stops it and returns the usage per name.
-pub struct Sampler {
+pub(super) struct Sampler {
     running: Arc<AtomicBool>,
     task: JoinHandle<HashMap<String, Usage>>,
 }
 
 impl Sampler {
     /// Starts sampling `watched`; `pool` looks up PostgreSQL sessions.
-    pub fn start(pool: PgPool, watched: Vec<(String, Watched)>) -> Self {
+    pub(super) fn start(pool: PgPool, watched: Vec<(String, Watched)>) -> Self {
         let running = Arc::new(AtomicBool::new(true));
         let task = tokio::spawn({
             let running = running.clone();
@@ -100,7 +100,7 @@ impl Sampler {
     }
 
     /// Stops sampling; the usage per name.
-    pub async fn finish(self) -> HashMap<String, Usage> {
+    pub(super) async fn finish(self) -> HashMap<String, Usage> {
         self.running.store(false, Ordering::Relaxed);
         self.task.await.unwrap_or_default()
     }
@@ -123,13 +123,14 @@ async fn backends(pool: &PgPool, watched: &Watched) -> Vec<u32> {
         .await
         .unwrap_or_default()
         .into_iter()
-        .map(|pid| pid as u32)
+        // PostgreSQL's backend pids are positive.
+        .filter_map(|pid| u32::try_from(pid).ok())
         .collect()
 }
 
 /// The nats-server processes serving `nats_url`'s port (every nats-server when none names it, as
 /// one started with the default port does not).
-pub fn nats_pids(nats_url: &str) -> Vec<u32> {
+pub(super) fn nats_pids(nats_url: &str) -> Vec<u32> {
     let port = nats_url
         .rsplit(':')
         .next()

@@ -21,11 +21,11 @@ use crate::demo::services::Services;
 const DATABASE: &str = "waybill_bench_commands";
 
 /// Concurrency levels measured.
-pub const WRITERS: [usize; 3] = [1, 4, 16];
+pub(super) const WRITERS: [usize; 3] = [1, 4, 16];
 
 /// The figures at one concurrency level.
 #[derive(Debug, Clone, Serialize)]
-pub struct WriterFigures {
+pub(super) struct WriterFigures {
     /// Median of the per-round ratios, store ÷ plain transaction.
     pub ratio: f64,
     /// Orders per second through the store (median).
@@ -53,7 +53,7 @@ struct Sample {
 }
 
 /// Measures every concurrency level, in a fresh database `waybill_bench_commands`.
-pub async fn measure(
+pub(super) async fn measure(
     services: &Services,
     profile: &Profile,
     progress: &Progress,
@@ -64,7 +64,8 @@ pub async fn measure(
         .await?
         .close()
         .await;
-    let pool = ops::database::connect(&url, "waybill-bench", WRITERS[2] as u32 + 2).await?;
+    let pool =
+        ops::database::connect(&url, "waybill-bench", u32::try_from(WRITERS[2])? + 2).await?;
     let duration = Duration::from_secs_f64(profile.writer_seconds);
     let mut figures = Vec::new();
     for writers in WRITERS {
@@ -150,7 +151,7 @@ async fn run_writers(
                         }
                         Mode::PlainTransaction => plain_transaction(&pool).await?,
                     }
-                    latencies.push(t.elapsed().as_micros() as u64);
+                    latencies.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
                 }
                 anyhow::Ok(latencies)
             })

@@ -19,7 +19,7 @@ use super::watch::Clock;
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum FaultKind {
+pub(crate) enum FaultKind {
     /// SIGKILL a relay, restart it.
     RelayKill,
     /// SIGSTOP a relay past its claim timeout and the dedupe window, then SIGCONT: a zombie.
@@ -42,7 +42,7 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [Self; 7] = [
+    pub(crate) const ALL: [Self; 7] = [
         Self::RelayKill,
         Self::RelayPause,
         Self::ProjectionKill,
@@ -53,7 +53,7 @@ impl FaultKind {
     ];
 
     /// Every kind there is: [`FaultKind::ALL`] and the ones that need `--cluster`.
-    pub const KNOWN: [Self; 8] = [
+    pub(crate) const KNOWN: [Self; 8] = [
         Self::RelayKill,
         Self::RelayPause,
         Self::ProjectionKill,
@@ -66,7 +66,7 @@ impl FaultKind {
 
     /// The kinds a run strikes by default: all of [`FaultKind::ALL`], and with a NATS cluster also
     /// [`FaultKind::NatsNodeKill`].
-    pub fn defaults(cluster: bool) -> Vec<Self> {
+    pub(crate) fn defaults(cluster: bool) -> Vec<Self> {
         let mut kinds = Self::ALL.to_vec();
         if cluster {
             kinds.push(Self::NatsNodeKill);
@@ -75,12 +75,12 @@ impl FaultKind {
     }
 
     /// True for kinds that need `--cluster`.
-    pub fn needs_cluster(self) -> bool {
+    pub(crate) fn needs_cluster(self) -> bool {
         self == Self::NatsNodeKill
     }
 
     /// Its name on the command line and in the report.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::RelayKill => "relay_kill",
             Self::RelayPause => "relay_pause",
@@ -94,7 +94,7 @@ impl FaultKind {
     }
 
     /// Parses a name.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
         Self::KNOWN
             .into_iter()
             .find(|k| k.name() == text.trim())
@@ -110,6 +110,10 @@ impl FaultKind {
 /// How long a frozen relay stays frozen: until another relay has ended its claim (the claim timeout,
 /// or the reaper at 1.1 × it, checking once a second) and republished its rows, and then past the
 /// dedupe window, so that what the zombie still sends on waking is stopped by the broker fence alone.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "a claim timeout and a dedupe window of seconds, in ms: far below 2^64"
+)]
 const RELAY_FROZEN: Duration = Duration::from_millis(
     CLAIM_TIMEOUT.as_millis() as u64 * 11 / 10 + 1_000 + DEDUPE_WINDOW.as_millis() as u64 + 2_000,
 );
@@ -130,7 +134,7 @@ const SETTLE: Duration = Duration::from_secs(5);
 
 /// A fault due at a moment.
 #[derive(Debug, Clone, Copy)]
-pub struct Planned {
+pub(super) struct Planned {
     /// When, from the start of the run.
     pub at: Duration,
     pub kind: FaultKind,
@@ -138,7 +142,11 @@ pub struct Planned {
 
 /// The schedule: every kind once in a shuffled order, then random kinds, one fault per ~12 s of load
 /// on average, each at a jittered moment of its own slot.
-pub fn schedule(kinds: &[FaultKind], duration: Duration, seed: u64) -> Vec<Planned> {
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "count is the number of faults in one run: one per ~12 s, a few thousand at most"
+)]
+pub(super) fn schedule(kinds: &[FaultKind], duration: Duration, seed: u64) -> Vec<Planned> {
     use rand::SeedableRng;
     let mut rng = StdRng::seed_from_u64(seed);
     let count = kinds.len().max((duration.as_secs() / 12) as usize);
@@ -164,7 +172,7 @@ pub fn schedule(kinds: &[FaultKind], duration: Duration, seed: u64) -> Vec<Plann
 
 /// One fault as it happened.
 #[derive(Debug, Clone, Serialize)]
-pub struct Fault {
+pub(super) struct Fault {
     /// Its kind.
     pub kind: FaultKind,
     /// Seconds from the start when it struck.
@@ -179,7 +187,7 @@ pub struct Fault {
 
 /// Everything injected.
 #[derive(Debug, Default)]
-pub struct Injected {
+pub(super) struct Injected {
     /// Every fault injected, in the order it was injected.
     pub faults: Vec<Fault>,
     /// Stream sequences of the hostile messages the broker stored.
@@ -190,7 +198,7 @@ pub struct Injected {
 
 impl Injected {
     /// Faults per kind that were carried out.
-    pub fn count(&self, kind: FaultKind) -> usize {
+    pub(super) fn count(&self, kind: FaultKind) -> usize {
         self.faults
             .iter()
             .filter(|f| f.kind == kind && f.error.is_none())
@@ -200,7 +208,7 @@ impl Injected {
 
 /// What the faults act on.
 #[derive(Debug)]
-pub struct Context {
+pub(super) struct Context {
     pub fleet: Arc<Fleet>,
     pub servers: Servers,
     /// The harness's own pool on the event store.
@@ -215,7 +223,7 @@ pub struct Context {
 
 /// Carries out the schedule, each fault at its moment or [`SETTLE`] after the previous one was over,
 /// whichever is later, and returns what happened.
-pub async fn inject(plan: Vec<Planned>, context: &Context, rng: &mut StdRng) -> Injected {
+pub(super) async fn inject(plan: Vec<Planned>, context: &Context, rng: &mut StdRng) -> Injected {
     let mut injected = Injected::default();
     for planned in plan {
         let settled = injected

@@ -19,20 +19,20 @@ use tokio::sync::Mutex;
 
 /// The projections, by binary suffix; each consumes through the durable consumer of the same name
 /// (with partitions, `<name>-p<K>of<P>`).
-pub const PROJECTIONS: [&str; 3] = ["inventory", "points", "search"];
+pub(super) const PROJECTIONS: [&str; 3] = ["inventory", "points", "search"];
 /// Nodes of the `--cluster` NATS cluster; the stream has as many replicas.
-pub const CLUSTER_NODES: usize = 3;
+pub(super) const CLUSTER_NODES: usize = 3;
 /// Partitions of each projection with `--cluster`, one instance per partition.
-pub const CLUSTER_PARTITIONS: u32 = 2;
+pub(super) const CLUSTER_PARTITIONS: u32 = 2;
 /// The relays' claim timeout, shortened (from 30 s) so that a frozen relay outlives it within seconds.
-pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(4);
+pub(super) const CLAIM_TIMEOUT: Duration = Duration::from_secs(4);
 /// JetStream's dedupe window, shortened (from 2 min) for the same reason: a zombie relay that wakes up
 /// after it can only be stopped by the broker fence.
-pub const DEDUPE_WINDOW: Duration = Duration::from_secs(3);
+pub(super) const DEDUPE_WINDOW: Duration = Duration::from_secs(3);
 
 /// Where each binary is.
 #[derive(Debug, Clone)]
-pub struct Binaries {
+pub(super) struct Binaries {
     waybill: PathBuf,
     relay: PathBuf,
     console: PathBuf,
@@ -41,7 +41,7 @@ pub struct Binaries {
 
 impl Binaries {
     /// Checks that every binary is in `dir` (the projections in `projections`, when given).
-    pub fn find(dir: &Path, projections: Option<&Path>) -> anyhow::Result<Self> {
+    pub(super) fn find(dir: &Path, projections: Option<&Path>) -> anyhow::Result<Self> {
         let projections = projections.unwrap_or(dir).to_path_buf();
         let mut wanted = vec![
             dir.join("waybill"),
@@ -90,7 +90,7 @@ fn cluster_pids(cluster: &NatsCluster) -> Vec<u32> {
 
 /// The private servers; clones share them (the last one dropped stops and deletes them).
 #[derive(Debug, Clone)]
-pub struct Servers {
+pub(super) struct Servers {
     /// The event store's database (the projections keep their schemas in it too).
     pub database_url: String,
     /// Where the private NATS listens: nats://127.0.0.1:port, or every node's URL comma-separated.
@@ -108,7 +108,7 @@ impl Servers {
     /// Starts a durable PostgreSQL (no acknowledged commit is lost to an immediate-mode stop) and a
     /// NATS server with JetStream — with `cluster`, a three-node cluster — each on free ports with its
     /// own directory.
-    pub async fn start(database: &str, cluster: bool) -> anyhow::Result<Self> {
+    pub(super) async fn start(database: &str, cluster: bool) -> anyhow::Result<Self> {
         let (postgres, nats) = tokio::task::spawn_blocking(move || {
             let postgres = PostgresServer::start_with(true)?;
             let nats = if cluster {
@@ -134,13 +134,13 @@ impl Servers {
     }
 
     /// Another handle on the same servers.
-    pub fn clone_handles(&self) -> Self {
+    pub(super) fn clone_handles(&self) -> Self {
         self.clone()
     }
 
     /// A small pool on the event store's database for the harness's own queries; its sessions are
     /// named `waybill-chaos`, so `pg_terminate` spares them.
-    pub async fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
+    pub(super) async fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
         let options: sqlx::postgres::PgConnectOptions = self.database_url.parse()?;
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(4)
@@ -151,7 +151,7 @@ impl Servers {
     }
 
     /// Crashes PostgreSQL (immediate-mode stop), waits `down`, and starts it again.
-    pub async fn restart_postgres(&self, down: Duration) -> anyhow::Result<()> {
+    pub(super) async fn restart_postgres(&self, down: Duration) -> anyhow::Result<()> {
         let server = self.postgres.clone();
         tokio::task::spawn_blocking(move || {
             let mut server = server.lock().unwrap_or_else(|e| e.into_inner());
@@ -164,7 +164,7 @@ impl Servers {
 
     /// Kills nats-server (SIGKILL) — every node of a cluster at once — waits `down`, and starts it
     /// again on the same store.
-    pub async fn restart_nats(&self, down: Duration) -> anyhow::Result<()> {
+    pub(super) async fn restart_nats(&self, down: Duration) -> anyhow::Result<()> {
         let (nats, pids) = (self.nats.clone(), self.nats_pids.clone());
         tokio::task::spawn_blocking(move || {
             let mut nats = nats.lock().unwrap_or_else(|e| e.into_inner());
@@ -189,7 +189,11 @@ impl Servers {
 
     /// With a cluster: SIGKILLs node `index` (modulo the node count), waits `down`, starts it again
     /// on its store and waits until it has rejoined; returns the node's name.
-    pub async fn kill_nats_node(&self, index: usize, down: Duration) -> anyhow::Result<String> {
+    pub(super) async fn kill_nats_node(
+        &self,
+        index: usize,
+        down: Duration,
+    ) -> anyhow::Result<String> {
         let (nats, pids) = (self.nats.clone(), self.nats_pids.clone());
         tokio::task::spawn_blocking(move || {
             let mut nats = nats.lock().unwrap_or_else(|e| e.into_inner());
@@ -213,7 +217,7 @@ impl Servers {
     }
 
     /// The nats-server process ids, of those that run.
-    pub fn nats_pids(&self) -> Vec<u32> {
+    pub(super) fn nats_pids(&self) -> Vec<u32> {
         self.nats_pids
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -223,7 +227,7 @@ impl Servers {
 
 /// What a process is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(super) enum Role {
     /// `waybill serve`.
     OrderService,
     /// `waybill-relay run`.
@@ -270,7 +274,7 @@ impl Process {
 
 /// How a process fared, for the report.
 #[derive(Debug, Clone, Serialize)]
-pub struct ProcessSummary {
+pub(super) struct ProcessSummary {
     /// Its name, e.g. `relay-1`.
     pub name: String,
     /// Highest resident memory of any of its incarnations, in MiB (VmHWM).
@@ -284,7 +288,7 @@ pub struct ProcessSummary {
 /// The system under test as running child processes, each supervised and restarted if it exits on
 /// its own, with the private servers they use.
 #[derive(Debug)]
-pub struct Fleet {
+pub(super) struct Fleet {
     binaries: Binaries,
     processes: Mutex<Vec<Process>>,
     api_url: String,
@@ -300,7 +304,7 @@ impl Fleet {
     /// Creates the schema (`waybill migrate`), then starts every process and waits until each answers
     /// its health check. `broken_checkpoint` starts the projections with their checkpoint check broken
     /// on purpose (proving that the verdict catches it).
-    pub async fn start(
+    pub(super) async fn start(
         binaries: Binaries,
         servers: &Servers,
         stream: &str,
@@ -497,7 +501,7 @@ impl Fleet {
     }
 
     /// Runs `waybill-<projection> ARGS` on the run's database and parses what it prints as JSON.
-    pub async fn projection_json(
+    pub(super) async fn projection_json(
         &self,
         projection: &str,
         args: &[&str],
@@ -524,13 +528,13 @@ impl Fleet {
     }
 
     /// Partitions of each projection (1 without `--cluster`).
-    pub fn partitions(&self) -> u32 {
+    pub(super) fn partitions(&self) -> u32 {
         self.partitions
     }
 
     /// Every projection's durable consumers (the read models' too), by projection: the one named
     /// after it, or one per partition (`<name>-p<K>of<P>`).
-    pub fn consumers(&self) -> Vec<(&'static str, String)> {
+    pub(super) fn consumers(&self) -> Vec<(&'static str, String)> {
         let layout = projections::Partitions::new(self.partitions, &[])
             .unwrap_or_else(|_| projections::Partitions::single());
         projections::registry::names()
@@ -543,22 +547,22 @@ impl Fleet {
     }
 
     /// The order service's base URL.
-    pub fn api_url(&self) -> String {
+    pub(super) fn api_url(&self) -> String {
         self.api_url.clone()
     }
 
     /// The console's base URL.
-    pub fn console_url(&self) -> &str {
+    pub(super) fn console_url(&self) -> &str {
         &self.console_url
     }
 
     /// Where the processes' logs are.
-    pub fn logs(&self) -> &Path {
+    pub(super) fn logs(&self) -> &Path {
         &self.logs
     }
 
     /// The names of the processes with this role.
-    pub async fn names(&self, role: Role) -> Vec<String> {
+    pub(super) async fn names(&self, role: Role) -> Vec<String> {
         let processes = self.processes.lock().await;
         processes
             .iter()
@@ -568,7 +572,7 @@ impl Fleet {
     }
 
     /// SIGKILLs `name`, waits `down`, and starts it again.
-    pub async fn kill_and_restart(&self, name: &str, down: Duration) -> anyhow::Result<()> {
+    pub(super) async fn kill_and_restart(&self, name: &str, down: Duration) -> anyhow::Result<()> {
         {
             let mut processes = self.processes.lock().await;
             let process = find(&mut processes, name)?;
@@ -591,7 +595,7 @@ impl Fleet {
     }
 
     /// SIGSTOPs `name` for `frozen`, then SIGCONTs it: the process is not dead, only silent.
-    pub async fn freeze(&self, name: &str, frozen: Duration) -> anyhow::Result<()> {
+    pub(super) async fn freeze(&self, name: &str, frozen: Duration) -> anyhow::Result<()> {
         self.signal(name, Signal::STOP, true).await?;
         tokio::time::sleep(frozen).await;
         self.signal(name, Signal::CONT, false).await
@@ -604,7 +608,7 @@ impl Fleet {
             .child
             .as_ref()
             .and_then(Child::id)
-            .and_then(|id| Pid::from_raw(id as i32))
+            .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?))
             .with_context(|| format!("{name} is not running"))?;
         kill_process(pid, signal).with_context(|| format!("signalling {name}"))?;
         process.frozen = frozen;
@@ -612,7 +616,7 @@ impl Fleet {
     }
 
     /// Restarts every process that exited on its own (counted), and records resident memory.
-    pub async fn supervise(&self) {
+    pub(super) async fn supervise(&self) {
         let mut processes = self.processes.lock().await;
         for process in processes.iter_mut().filter(|p| !p.held_down) {
             let exited = match process.child.as_mut().map(Child::try_wait) {
@@ -637,20 +641,20 @@ impl Fleet {
     }
 
     /// Stops every process (thawing frozen ones first): SIGTERM, then SIGKILL after 15 s.
-    pub async fn stop_all(&self) -> Vec<ProcessSummary> {
+    pub(super) async fn stop_all(&self) -> Vec<ProcessSummary> {
         let mut processes = self.processes.lock().await;
         for process in processes.iter_mut() {
             let Some(pid) = process
                 .child
                 .as_ref()
                 .and_then(Child::id)
-                .and_then(|id| Pid::from_raw(id as i32))
+                .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?))
             else {
                 continue;
             };
             process.peak_rss_kib = process
                 .peak_rss_kib
-                .max(peak_rss_kib(pid.as_raw_pid() as u32));
+                .max(peak_rss_kib(pid.as_raw_pid().unsigned_abs()));
             if process.frozen {
                 let _ = kill_process(pid, Signal::CONT);
             }
@@ -744,7 +748,7 @@ fn strings(args: &[&str]) -> Vec<String> {
 }
 
 /// The peak resident set of a process so far (VmHWM), in KiB; 0 when it cannot be read.
-pub fn peak_rss_kib(pid: u32) -> u64 {
+pub(super) fn peak_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|status| {

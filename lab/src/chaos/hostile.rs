@@ -24,7 +24,7 @@ const BURST: usize = 20;
 
 /// What one `hostile_publish` stored.
 #[derive(Debug, Default)]
-pub struct Sent {
+pub(super) struct Sent {
     /// The stream sequence of each stored message.
     pub sequences: Vec<u64>,
     /// Names of the kinds sent.
@@ -33,7 +33,7 @@ pub struct Sent {
 
 impl Sent {
     /// A line for the fault log.
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         format!(
             "{} messages into the stream: {}",
             self.sequences.len(),
@@ -45,7 +45,11 @@ impl Sent {
 /// Publishes one of each hostile kind (the replay only once a real event is old enough to have left
 /// the dedupe window).
 /// What was stored is in `sent` even when a later publish fails.
-pub async fn publish(context: &Context, rng: &mut StdRng, sent: &mut Sent) -> anyhow::Result<()> {
+pub(super) async fn publish(
+    context: &Context,
+    rng: &mut StdRng,
+    sent: &mut Sent,
+) -> anyhow::Result<()> {
     let placed = fixtures::newest_body(&context.pool, "order.placed").await?;
     let placed: Value = serde_json::from_str(
         &placed.ok_or_else(|| anyhow::anyhow!("no order placed yet to model hostile events on"))?,

@@ -33,7 +33,7 @@ const GRACE: Duration = Duration::from_secs(90);
 
 /// A command the service accepted (2xx).
 #[derive(Debug, Clone)]
-pub struct Accepted {
+pub(super) struct Accepted {
     /// `place`, `pay`, `ship` or `cancel`.
     pub command: &'static str,
     pub order_id: Uuid,
@@ -43,7 +43,7 @@ pub struct Accepted {
 
 /// What the load did.
 #[derive(Debug, Default)]
-pub struct Played {
+pub(super) struct Played {
     /// Lifecycles started.
     pub lifecycles: usize,
     /// Every accepted command.
@@ -63,14 +63,20 @@ pub struct Played {
 
 /// The load generator while it runs: its workers and what they have recorded so far.
 #[derive(Debug)]
-pub struct Load {
+pub(super) struct Load {
     task: tokio::task::JoinHandle<()>,
     played: Arc<Mutex<Played>>,
 }
 
 impl Load {
     /// Starts `rate` lifecycles per second for `duration`.
-    pub fn spawn(api: String, rate: f64, duration: Duration, seed: u64, clock: Clock) -> Self {
+    pub(super) fn spawn(
+        api: String,
+        rate: f64,
+        duration: Duration,
+        seed: u64,
+        clock: Clock,
+    ) -> Self {
         let played = Arc::new(Mutex::new(Played::default()));
         let shared = played.clone();
         let task = tokio::spawn(async move {
@@ -110,7 +116,7 @@ impl Load {
     }
 
     /// Waits for the lifecycles in flight to finish (or be abandoned) and returns what was played.
-    pub async fn finish(self) -> Played {
+    pub(super) async fn finish(self) -> Played {
         let _ = self.task.await;
         std::mem::take(&mut *lock(&self.played))
     }

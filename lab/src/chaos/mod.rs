@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use rand::SeedableRng;
 
-pub use faults::FaultKind;
+pub(crate) use faults::FaultKind;
 
 /// `waybill chaos` options.
 #[derive(Debug, clap::Args)]
-pub struct ChaosArgs {
+pub(crate) struct ChaosArgs {
     /// How long the load runs (faults land within it); the drain and the verdict follow. Default: the
     /// profile's (short 75s, long 10m).
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -80,7 +80,7 @@ pub struct ChaosArgs {
 
 /// How big a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Profile {
+pub(crate) enum Profile {
     /// About a minute; every fault kind at least once.
     Short,
     /// Ten minutes; thousands of orders.
@@ -110,10 +110,10 @@ const SUBJECT_PREFIX: &str = "chaos.events";
 /// The database on the private server.
 const DATABASE: &str = "waybill_chaos";
 /// The header every hostile message carries, so that the checker can set them apart.
-pub const HOSTILE_HEADER: &str = "Waybill-Chaos";
+pub(crate) const HOSTILE_HEADER: &str = "Waybill-Chaos";
 
 /// Runs the harness; `Ok(true)` when the verdict is pass.
-pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
+pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
     let duration = args.duration.unwrap_or(args.profile.duration());
     anyhow::ensure!(
         duration >= Duration::from_secs(30),
@@ -122,7 +122,14 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
+            .map_or(1, |d| {
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "only a seed from the clock: dropping the high bits is fine"
+                )]
+                let nanos = d.as_nanos() as u64;
+                nanos % 1_000_000_007
+            })
     });
     let kinds = if args.faults.is_empty() {
         FaultKind::defaults(args.cluster)

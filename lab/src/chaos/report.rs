@@ -16,7 +16,7 @@ use super::watch::{Drained, Samples};
 
 /// Everything the report is made of.
 #[derive(Debug)]
-pub struct Inputs<'a> {
+pub(super) struct Inputs<'a> {
     pub seed: u64,
     pub profile: Profile,
     pub duration: Duration,
@@ -41,11 +41,11 @@ pub struct Inputs<'a> {
 
 /// The report, as JSON (the table is drawn from it).
 #[derive(Debug)]
-pub struct Report(Value);
+pub(super) struct Report(Value);
 
 impl Report {
     /// Puts the report together.
-    pub fn new(inputs: Inputs<'_>) -> Self {
+    pub(super) fn new(inputs: Inputs<'_>) -> Self {
         let verdict = inputs.verdict;
         let faults: BTreeMap<&str, usize> = FaultKind::KNOWN
             .iter()
@@ -114,7 +114,7 @@ impl Report {
     }
 
     /// Prints the table (on standard error when `json`, so standard output is the JSON alone).
-    pub fn print(&self, json: bool) -> anyhow::Result<()> {
+    pub(super) fn print(&self, json: bool) -> anyhow::Result<()> {
         let table = self.table();
         if json {
             eprint!("{table}");

@@ -26,7 +26,7 @@ const CENTS_PER_POINT: i64 = 100;
 
 /// What the verdict looks at.
 #[derive(Debug)]
-pub struct Evidence<'a> {
+pub(super) struct Evidence<'a> {
     /// The event store.
     pub pool: &'a PgPool,
     /// Its URL (the read models read themselves and fold the store from it).
@@ -49,7 +49,7 @@ pub struct Evidence<'a> {
 
 /// The findings; the run passes when `violations` is empty.
 #[derive(Debug, Default, Serialize)]
-pub struct Verdict {
+pub(super) struct Verdict {
     /// Events in the event store.
     pub events: usize,
     /// Orders in the event store.
@@ -80,13 +80,13 @@ pub struct Verdict {
 
 impl Verdict {
     /// True when nothing was violated.
-    pub fn pass(&self) -> bool {
+    pub(super) fn pass(&self) -> bool {
         self.violations.is_empty()
     }
 
     /// A process that exited without being killed is a violation: the system must ride out every
     /// fault without crashing (the harness restarted it, as a supervisor would, and counted it).
-    pub fn note_exits(&mut self, processes: &[super::fleet::ProcessSummary]) {
+    pub(super) fn note_exits(&mut self, processes: &[super::fleet::ProcessSummary]) {
         for process in processes.iter().filter(|p| p.unexpected_exits > 0) {
             self.violations.push(format!(
                 "{} exited on its own {} time(s); its log says why",
@@ -96,12 +96,12 @@ impl Verdict {
     }
 
     /// Accepted commands lost plus stored events missing from the stream.
-    pub fn lost(&self) -> usize {
+    pub(super) fn lost(&self) -> usize {
         self.lost_commands + self.missing_from_stream
     }
 
     /// Entries differing between projections and the fold, all projections together.
-    pub fn projection_mismatches(&self) -> usize {
+    pub(super) fn projection_mismatches(&self) -> usize {
         self.mismatches.values().map(Vec::len).sum()
     }
 }
@@ -117,7 +117,7 @@ struct StoredEvent {
 }
 
 /// Checks everything and returns the findings.
-pub async fn judge(evidence: Evidence<'_>) -> anyhow::Result<Verdict> {
+pub(super) async fn judge(evidence: Evidence<'_>) -> anyhow::Result<Verdict> {
     let mut verdict = Verdict::default();
     let events: Vec<StoredEvent> = sqlx::query_as(
         "SELECT event_id, event_type, aggregate_id, aggregate_version, payload
@@ -609,8 +609,9 @@ async fn check_parked_and_held(
             let unexplained = rows
                 .iter()
                 .filter(|(sequence, headers)| {
-                    let sent =
-                        sequence.is_some_and(|s| injected.hostile_sequences.contains(&(s as u64)));
+                    let sent = sequence.is_some_and(|s| {
+                        u64::try_from(s).is_ok_and(|s| injected.hostile_sequences.contains(&s))
+                    });
                     !sent && !marked_hostile(headers)
                 })
                 .count();
@@ -641,7 +642,9 @@ mod tests {
 
     fn event(order: u128, version: i64, event_type: &str, payload: Value) -> StoredEvent {
         StoredEvent {
-            event_id: Uuid::from_u128(order * 100 + version as u128),
+            event_id: Uuid::from_u128(
+                order * 100 + u128::try_from(version).expect("a positive version"),
+            ),
             event_type: event_type.to_owned(),
             aggregate_id: Uuid::from_u128(order),
             aggregate_version: version,

@@ -12,28 +12,28 @@ use super::fleet::{Fleet, Servers, peak_rss_kib};
 
 /// Seconds since the run began, shared by the load, the faults and the sampler.
 #[derive(Debug, Clone)]
-pub struct Clock(Arc<Instant>);
+pub(super) struct Clock(Arc<Instant>);
 
 impl Clock {
     /// Starts now.
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self(Arc::new(Instant::now()))
     }
 
     /// Time since the start.
-    pub fn elapsed(&self) -> Duration {
+    pub(super) fn elapsed(&self) -> Duration {
         self.0.elapsed()
     }
 
     /// Seconds since the start.
-    pub fn seconds(&self) -> f64 {
+    pub(super) fn seconds(&self) -> f64 {
         self.elapsed().as_secs_f64()
     }
 }
 
 /// One backlog reading.
 #[derive(Debug, Clone, Copy)]
-pub struct Sample {
+pub(super) struct Sample {
     /// Seconds since the start.
     pub at: f64,
     /// Unsent outbox rows plus the largest projection lag; `None` when PostgreSQL or NATS did not
@@ -43,7 +43,7 @@ pub struct Sample {
 
 /// What the sampler saw.
 #[derive(Debug, Default)]
-pub struct Samples {
+pub(super) struct Samples {
     /// Every reading, in time order.
     pub backlog: Vec<Sample>,
     /// nats-server's peak resident memory, KiB.
@@ -52,14 +52,14 @@ pub struct Samples {
 
 /// The sampler task.
 #[derive(Debug)]
-pub struct Watcher {
+pub(super) struct Watcher {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<Samples>,
 }
 
 impl Watcher {
     /// Samples every 250 ms until stopped.
-    pub fn spawn(
+    pub(super) fn spawn(
         clock: Clock,
         pool: PgPool,
         jetstream: jetstream::Context,
@@ -93,7 +93,7 @@ impl Watcher {
     }
 
     /// Stops sampling and returns the readings.
-    pub async fn stop(self) -> Samples {
+    pub(super) async fn stop(self) -> Samples {
         let _ = self.stop.send(true);
         self.task.await.unwrap_or_default()
     }
@@ -101,7 +101,7 @@ impl Watcher {
 
 /// Work not done yet.
 #[derive(Debug, Clone, Default)]
-pub struct Backlog {
+pub(super) struct Backlog {
     /// Outbox rows pending or failed (dead rows are not work in progress; the verdict counts them).
     pub unsent: u64,
     /// Per projection consumer (one per partition), messages undelivered plus delivered but
@@ -121,7 +121,7 @@ impl Backlog {
 
 /// Reads the backlog of the outbox and of `consumers` (by projection), giving up after two seconds
 /// (a server may be down).
-pub async fn backlog(
+pub(super) async fn backlog(
     pool: &PgPool,
     jetstream: &jetstream::Context,
     consumers: &[(&'static str, String)],
@@ -137,7 +137,8 @@ pub async fn backlog(
             lags.push((name.clone(), info.num_pending + info.num_ack_pending as u64));
         }
         Some(Backlog {
-            unsent: unsent as u64,
+            // A count of rows: never negative.
+            unsent: u64::try_from(unsent).unwrap_or(0),
             lags,
         })
     };
@@ -149,7 +150,7 @@ pub async fn backlog(
 
 /// How the drain ended.
 #[derive(Debug, Clone)]
-pub struct Drained {
+pub(super) struct Drained {
     /// Seconds it took (or waited, when incomplete).
     pub seconds: f64,
     /// True when nothing was left to send or apply.
@@ -160,7 +161,7 @@ pub struct Drained {
 
 /// Waits until no outbox row is left to send and every projection has applied everything (three
 /// readings in a row), supervising the processes meanwhile; gives up after `timeout`.
-pub async fn drain(
+pub(super) async fn drain(
     pool: &PgPool,
     jetstream: &jetstream::Context,
     fleet: &Fleet,

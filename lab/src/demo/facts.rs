@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 /// One stored message carrying the watched event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Copy {
+pub(super) struct Copy {
     /// Its stream sequence.
     pub sequence: u64,
     /// Its `Nats-Msg-Id` header (the event id when a relay published it).
@@ -42,7 +42,7 @@ fn describe(copies: &[Copy]) -> String {
 /// The crash-window event: the first event of the first order, and the subject its aggregate's events
 /// are published on.
 #[derive(Debug, Clone)]
-pub struct Watched {
+pub(super) struct Watched {
     /// The event.
     pub event_id: Uuid,
     subject: String,
@@ -51,7 +51,7 @@ pub struct Watched {
 
 impl Watched {
     /// The first event of order `order`, published under `prefix` in `stream`.
-    pub async fn first_event_of(
+    pub(super) async fn first_event_of(
         pool: &PgPool,
         order: Uuid,
         stream: &str,
@@ -75,7 +75,7 @@ impl Watched {
 
     /// Every copy of the event in the stream. Read through its aggregate's subject alone: walking the
     /// whole stream message by message took seconds once the story had written thousands of events.
-    pub async fn copies(&self, js: &jetstream::Context) -> anyhow::Result<Vec<Copy>> {
+    pub(super) async fn copies(&self, js: &jetstream::Context) -> anyhow::Result<Vec<Copy>> {
         let stream = js.get_stream_no_info(&self.stream).await?;
         let mut copies = Vec::new();
         let mut from = 1;
@@ -109,7 +109,7 @@ impl Watched {
     }
 
     /// The event's outbox row, as the relay left it.
-    pub async fn outbox_row(&self, pool: &PgPool) -> anyhow::Result<OutboxRow> {
+    pub(super) async fn outbox_row(&self, pool: &PgPool) -> anyhow::Result<OutboxRow> {
         admin::row_of_event(pool, self.event_id)
             .await
             .context("reading the crash-window event's outbox row")?
@@ -123,7 +123,7 @@ impl Watched {
     /// The crash window is open: the crashed relay's publish reached the stream (one copy, under the
     /// event id) but its mark did not reach the outbox (the row is still pending). Returns the copy's
     /// sequence.
-    pub async fn crash_window(
+    pub(super) async fn crash_window(
         &self,
         pool: &PgPool,
         js: &jetstream::Context,
@@ -145,7 +145,7 @@ impl Watched {
     /// The relay started after the crash published the row again and JetStream recognised it: the row
     /// is sent by `relay_id` with the crashed relay's copy as its stream sequence, and the stream still
     /// holds that one copy. Waits up to `timeout` for the row to be marked.
-    pub async fn deduplicated(
+    pub(super) async fn deduplicated(
         &self,
         pool: &PgPool,
         js: &jetstream::Context,
@@ -191,7 +191,7 @@ impl Watched {
 
     /// Exactly two copies: the relayed one (`crash_copy`, under the event id) and the deliberate
     /// duplicate under another message id. Returns the duplicate's sequence.
-    pub async fn duplicated(
+    pub(super) async fn duplicated(
         &self,
         js: &jetstream::Context,
         crash_copy: u64,
@@ -217,7 +217,7 @@ impl Watched {
 
 /// The projections that read orders (built in and read models), whose consumers see the duplicated
 /// order event; a model of other aggregate types acknowledges it unread.
-pub fn reading_orders() -> Vec<&'static str> {
+pub(super) fn reading_orders() -> Vec<&'static str> {
     projections::registry::names()
         .into_iter()
         .filter(|name| {
@@ -228,7 +228,10 @@ pub fn reading_orders() -> Vec<&'static str> {
 
 /// Every projection that reads orders parked the duplicate (stream sequence `duplicate`) instead of
 /// applying it.
-pub async fn parked_by_every_projection(pool: &PgPool, duplicate: u64) -> anyhow::Result<()> {
+pub(super) async fn parked_by_every_projection(
+    pool: &PgPool,
+    duplicate: u64,
+) -> anyhow::Result<()> {
     for schema in reading_orders() {
         // The projections keep their tables in a schema named after them, in the demo's database.
         let parked: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
@@ -250,7 +253,7 @@ pub async fn parked_by_every_projection(pool: &PgPool, duplicate: u64) -> anyhow
 /// The console shows what the event store holds: as many events stored, every projection of the
 /// registry (the read models too), and each caught up with the events of the aggregate types it reads
 /// (`/console/api/overview`, read now). Returns the count.
-pub async fn console_agrees(pool: &PgPool, console: &str) -> anyhow::Result<i64> {
+pub(super) async fn console_agrees(pool: &PgPool, console: &str) -> anyhow::Result<i64> {
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
         .fetch_one(pool)
         .await?;

@@ -23,11 +23,11 @@ const CONSOLE: &str = "waybill-console";
 
 /// The relay that keeps running after the crash window; the demo checks that it settled the row the
 /// crashed relay had published.
-pub const RELAY_ID: &str = "demo-relay";
+pub(crate) const RELAY_ID: &str = "demo-relay";
 
 /// Where everything reads and writes.
 #[derive(Debug, Clone)]
-pub struct Wiring {
+pub(crate) struct Wiring {
     /// The demo's database.
     pub database_url: String,
     /// NATS.
@@ -41,11 +41,11 @@ pub struct Wiring {
 }
 
 /// The demo's log filter: every request and step, libraries only when something is wrong.
-pub const DEMO_LOG_FILTER: &str = "info,sqlx=warn,async_nats=warn";
+pub(crate) const DEMO_LOG_FILTER: &str = "info,sqlx=warn,async_nats=warn";
 
 /// Running services and their HTTP addresses.
 #[derive(Debug)]
-pub struct Fleet {
+pub(crate) struct Fleet {
     /// The order service's base URL.
     pub api: String,
     /// The console's base URL (its pages are under `/console`).
@@ -80,7 +80,7 @@ enum Running {
 
 impl Fleet {
     /// Starts the order service and the projections (the relay comes later, after the crash window).
-    pub async fn start(processes: bool, wiring: Wiring) -> anyhow::Result<Self> {
+    pub(crate) async fn start(processes: bool, wiring: Wiring) -> anyhow::Result<Self> {
         let mut fleet = if processes {
             Self::start_processes(wiring).await?
         } else {
@@ -281,7 +281,7 @@ impl Fleet {
     }
 
     /// Each process's name and id (none when the services run as tasks).
-    pub fn pids(&self) -> Vec<(String, u32)> {
+    pub(crate) fn pids(&self) -> Vec<(String, u32)> {
         match &self.running {
             Running::Processes { children, .. } => children
                 .iter()
@@ -292,14 +292,14 @@ impl Fleet {
     }
 
     /// Where everything reads and writes.
-    pub fn wiring(&self) -> &Wiring {
+    pub(crate) fn wiring(&self) -> &Wiring {
         &self.wiring
     }
 
     /// Reproduces the crash window once: a relay publishes, gets its PubAck, and dies before marking.
     /// In either shape it is the relay's testing twin, a process: the relay as installed has no
     /// fault flag (and this program no fail point). Refused by a build without the twin.
-    pub async fn crash_a_relay(&self) -> anyhow::Result<()> {
+    pub(crate) async fn crash_a_relay(&self) -> anyhow::Result<()> {
         let (twin, crash_after_publish) = relay::app::CRASHING_TWIN.context(
             "the crash window needs the relay's testing twin, which this build lacks: build with \
              `--features lab/fault-injection` (scripts/demo does)",
@@ -330,7 +330,7 @@ impl Fleet {
     }
 
     /// Starts the relay that keeps running.
-    pub async fn start_relay(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn start_relay(&mut self) -> anyhow::Result<()> {
         let wiring = self.wiring.clone();
         let config = self.relay_config(RELAY_ID);
         match &mut self.running {
@@ -384,7 +384,7 @@ impl Fleet {
     }
 
     /// Stops everything gracefully (SIGTERM for processes) and returns where the logs are, if any.
-    pub async fn stop(self) -> Option<PathBuf> {
+    pub(crate) async fn stop(self) -> Option<PathBuf> {
         match self.running {
             Running::Tasks {
                 stop,
@@ -403,7 +403,9 @@ impl Fleet {
             Running::Processes { children, logs } => {
                 for (_, child) in &children {
                     if let Some(pid) = child.id()
-                        && let Some(pid) = rustix::process::Pid::from_raw(pid as i32)
+                        && let Some(pid) = i32::try_from(pid)
+                            .ok()
+                            .and_then(rustix::process::Pid::from_raw)
                     {
                         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
                     }

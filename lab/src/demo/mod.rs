@@ -9,8 +9,8 @@
 mod facts;
 pub(crate) mod fleet;
 mod rollout;
-pub mod scenario;
-pub mod services;
+pub(crate) mod scenario;
+pub(crate) mod services;
 mod verify;
 
 use std::sync::Arc;
@@ -37,7 +37,7 @@ const PREFIX: &str = "waybill.demo";
 
 /// `waybill demo` options.
 #[derive(Debug, clap::Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Run the order service, the relay and the projections as separate processes (the sibling
     /// binaries of this one) instead of tasks in this process.
     #[arg(long)]
@@ -88,7 +88,7 @@ pub struct DemoArgs {
 }
 
 /// Runs the demo (or, with `--rollout`, the rollout story).
-pub async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let services = Services::ensure(database_url, &args.nats_url)?;
     step(started, "services");

@@ -23,13 +23,17 @@ use super::scenario::Api;
 use super::{settled, step, verify, wait_for};
 
 /// The rollout's own database, stream and subject prefix by default.
-pub const NAMES: (&str, &str, &str) = ("waybill_rollout", "WAYBILL_ROLLOUT", "waybill.rollout");
+pub(super) const NAMES: (&str, &str, &str) =
+    ("waybill_rollout", "WAYBILL_ROLLOUT", "waybill.rollout");
 
 /// What the old binaries know.
 const OLD: &str = "order.placed=2";
 
 /// Orders placed in each phase.
 const ORDERS: usize = 8;
+/// [`ORDERS`] as PostgreSQL counts it.
+#[allow(clippy::cast_possible_wrap, reason = "8 fits")]
+const ORDER_ROWS: i64 = ORDERS as i64;
 
 const PROJECTIONS: [&str; 3] = [Inventory::NAME, Points::NAME, Search::NAME];
 
@@ -209,7 +213,9 @@ impl Processes {
 /// SIGTERM, then a kill after 15 s.
 async fn stop(mut child: Child) {
     if let Some(pid) = child.child.id()
-        && let Some(pid) = rustix::process::Pid::from_raw(pid as i32)
+        && let Some(pid) = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
     {
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     }
@@ -301,7 +307,7 @@ async fn settle(
 }
 
 /// Tells the story; `Ok` only when every projection agrees with the event store at the end.
-pub async fn tell(
+pub(super) async fn tell(
     wiring: &Wiring,
     pool: &PgPool,
     js: &jetstream::Context,
@@ -345,7 +351,7 @@ async fn story(
     settle(pool, js, &stream, "phase 1").await?;
     let versions = placed_versions(pool).await?;
     anyhow::ensure!(
-        versions == [(2, ORDERS as i64)],
+        versions == [(2, ORDER_ROWS)],
         "expected {ORDERS} order.placed v2, found {versions:?}"
     );
     let waits = waiting(pool).await?;
@@ -376,13 +382,13 @@ async fn story(
         .context("order.placed has a current version")?;
     let versions = placed_versions(pool).await?;
     anyhow::ensure!(
-        versions == [(2, ORDERS as i64), (current, ORDERS as i64)],
+        versions == [(2, ORDER_ROWS), (current, ORDER_ROWS)],
         "expected {ORDERS} order.placed v2 and {ORDERS} v{current}, found {versions:?}"
     );
     let waits = waiting(pool).await?;
     for (name, parked, held, _) in &waits {
         anyhow::ensure!(
-            *parked == ORDERS as i64 && *held == ORDERS as i64,
+            *parked == ORDER_ROWS && *held == ORDER_ROWS,
             "{name} should park the {ORDERS} v3 orders and hold their {ORDERS} payments; it parked {parked} and holds {held}"
         );
     }

@@ -22,7 +22,7 @@ const SKUS: [(&str, i64); 5] = [
 
 /// What the script did, for the summary.
 #[derive(Debug, Default)]
-pub struct Played {
+pub(crate) struct Played {
     /// Orders placed.
     pub placed: AtomicUsize,
     /// Orders paid.
@@ -37,14 +37,14 @@ pub struct Played {
 
 /// Talks to the order service.
 #[derive(Debug, Clone)]
-pub struct Api {
+pub(crate) struct Api {
     client: Client,
     base: String,
 }
 
 impl Api {
     /// A client of the service at `base`.
-    pub fn new(base: &str) -> Self {
+    pub(crate) fn new(base: &str) -> Self {
         Self {
             client: Client::new(),
             base: base.to_owned(),
@@ -52,7 +52,7 @@ impl Api {
     }
 
     /// `POST path` with a JSON body; returns status and body.
-    pub async fn post(
+    pub(crate) async fn post(
         &self,
         path: &str,
         body: Value,
@@ -71,7 +71,7 @@ impl Api {
     }
 
     /// Places an order and returns its id.
-    pub async fn place(
+    pub(crate) async fn place(
         &self,
         customer: &str,
         lines: Value,
@@ -108,7 +108,7 @@ fn mix(i: usize, salt: usize) -> usize {
 
 /// Plays order `i`'s lifecycle: placed, then (three in four) paid and shipped or cancelled, or (one in
 /// four) left placed or cancelled unpaid, with a refused command on the way.
-pub async fn play_one(api: &Api, i: usize, played: &Played) -> anyhow::Result<()> {
+pub(crate) async fn play_one(api: &Api, i: usize, played: &Played) -> anyhow::Result<()> {
     let customer = CUSTOMERS[mix(i, 1) % CUSTOMERS.len()];
     let line_count = 1 + mix(i, 2) % 3;
     let lines: Vec<Value> = (0..line_count)
@@ -173,7 +173,7 @@ pub async fn play_one(api: &Api, i: usize, played: &Played) -> anyhow::Result<()
 }
 
 /// Plays `orders` lifecycles, eight at a time.
-pub async fn play(api: &Api, orders: usize, played: Arc<Played>) -> anyhow::Result<()> {
+pub(crate) async fn play(api: &Api, orders: usize, played: Arc<Played>) -> anyhow::Result<()> {
     let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..orders)
         .map(|i| {
             let (api, played) = (api.clone(), played.clone());
@@ -186,7 +186,7 @@ pub async fn play(api: &Api, orders: usize, played: Arc<Played>) -> anyhow::Resu
 }
 
 /// A client retries a checkout with the same Idempotency-Key: the service answers with the first order.
-pub async fn idempotent_retry(api: &Api) -> anyhow::Result<(Uuid, Uuid)> {
+pub(crate) async fn idempotent_retry(api: &Api) -> anyhow::Result<(Uuid, Uuid)> {
     let key = format!("demo-checkout-{}", Uuid::now_v7());
     let lines = json!([{"sku": "BOOK", "quantity": 1, "unit_price_cents": 1999}]);
     let first = api.place("carol", lines.clone(), Some(&key)).await?;

@@ -6,7 +6,7 @@ use testkit::{NatsServer, PostgresServer};
 
 /// The services in use; private ones stop when this is dropped.
 #[derive(Debug)]
-pub struct Services {
+pub(crate) struct Services {
     /// A URL of the PostgreSQL in use (its database name is replaced as needed).
     pub postgres_url: String,
     pub nats_url: String,
@@ -19,7 +19,7 @@ pub struct Services {
 impl Services {
     /// Uses the services at `database_url` and `nats_url` when they accept connections, and starts
     /// private ones in their place when they do not.
-    pub fn ensure(database_url: &str, nats_url: &str) -> anyhow::Result<Self> {
+    pub(crate) fn ensure(database_url: &str, nats_url: &str) -> anyhow::Result<Self> {
         let (pg_host, pg_port) = host_port(database_url, 5432);
         let (nats_host, nats_port) = host_port(nats_url, 4222);
         let mut services = Self {
@@ -44,12 +44,12 @@ impl Services {
     }
 
     /// The URL of `database` on the PostgreSQL in use.
-    pub fn database_url(&self, database: &str) -> String {
+    pub(crate) fn database_url(&self, database: &str) -> String {
         ops::database::with_database(&self.postgres_url, database)
     }
 
     /// One line per service: where it is and whose it is.
-    pub fn describe(&self) -> [String; 2] {
+    pub(crate) fn describe(&self) -> [String; 2] {
         let whose = |private: bool| {
             if private {
                 "private, started for this run"
@@ -85,7 +85,7 @@ fn host_port(url: &str, default_port: u16) -> (String, u16) {
 
 /// `waybill services`.
 #[derive(Debug, clap::Args)]
-pub struct ServicesArgs {
+pub(crate) struct ServicesArgs {
     /// NATS server URL to check.
     #[arg(
         long,
@@ -101,7 +101,7 @@ pub struct ServicesArgs {
 
 /// `waybill services`: private PostgreSQL and NATS where the configured ones do not answer, their
 /// URLs printed as shell exports, kept until SIGTERM/Ctrl-C.
-pub async fn serve(database_url: &str, args: ServicesArgs) -> anyhow::Result<()> {
+pub(crate) async fn serve(database_url: &str, args: ServicesArgs) -> anyhow::Result<()> {
     let services = Services::ensure(database_url, &args.nats_url)?;
     // The database's name as PostgreSQL reads it (a `?sslmode=…` after it is no part of the name).
     let options = ops::database::connect_options(database_url).context("reading --database-url")?;

@@ -22,7 +22,7 @@ const PAGE: usize = 500;
 
 /// The state all three projections describe, in comparable form.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Truth {
+pub(super) struct Truth {
     /// SKU → (reserved, shipped, released).
     pub stock: BTreeMap<String, (i64, i64, i64)>,
     /// Customer → points.
@@ -32,7 +32,7 @@ pub struct Truth {
 }
 
 /// The truth according to the event store: every order folded from its events.
-pub async fn expected(pool: &PgPool) -> anyhow::Result<Truth> {
+pub(super) async fn expected(pool: &PgPool) -> anyhow::Result<Truth> {
     let store = EventStore::new(pool.clone());
     let ids: Vec<Uuid> = sqlx::query_scalar("SELECT DISTINCT aggregate_id FROM events")
         .fetch_all(pool)
@@ -74,7 +74,7 @@ pub async fn expected(pool: &PgPool) -> anyhow::Result<Truth> {
 }
 
 /// The truth according to the projections' read APIs.
-pub async fn projected(reads: &[(&'static str, String)]) -> anyhow::Result<Truth> {
+pub(super) async fn projected(reads: &[(&'static str, String)]) -> anyhow::Result<Truth> {
     let client = Client::new();
     let url = |name: &str, path: &str| {
         reads
@@ -156,7 +156,7 @@ async fn all_pages(client: &Client, first: &str) -> anyhow::Result<Vec<Value>> {
 }
 
 /// Prints the comparison; returns the number of disagreements.
-pub fn report(expected: &Truth, projected: &Truth) -> usize {
+pub(super) fn report(expected: &Truth, projected: &Truth) -> usize {
     let mut disagreements = 0;
     let mark = |same: bool| if same { "ok" } else { "DIFFERS" };
     println!("\ninventory (reserved / shipped / released)      event store       projection");
@@ -213,7 +213,7 @@ pub fn report(expected: &Truth, projected: &Truth) -> usize {
 /// One read model's verdict: its document (`GET /state` of its read API) against its own pure fold
 /// of the event store ([`projections::kit::Model::expected`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelVerdict {
+pub(super) struct ModelVerdict {
     /// The model.
     pub name: &'static str,
     /// `None` when they are equal; else the first difference, or why one could not be read.
@@ -222,7 +222,10 @@ pub struct ModelVerdict {
 
 /// Every read model of the registry checked against its fold of the event store at
 /// `database_url`, its document read from its read API in `reads`.
-pub async fn models(database_url: &str, reads: &[(&'static str, String)]) -> Vec<ModelVerdict> {
+pub(super) async fn models(
+    database_url: &str,
+    reads: &[(&'static str, String)],
+) -> Vec<ModelVerdict> {
     let client = Client::new();
     let mut verdicts = Vec::new();
     for model in projections::registry::MODELS {
@@ -265,7 +268,7 @@ async fn compare(
 
 /// Prints one line per read model ("ok", or "DIFFERS: " and the first difference); returns the
 /// number that differ.
-pub fn report_models(verdicts: &[ModelVerdict]) -> usize {
+pub(super) fn report_models(verdicts: &[ModelVerdict]) -> usize {
     if verdicts.is_empty() {
         return 0;
     }

@@ -14,22 +14,22 @@ use sqlx::PgPool;
 use testkit::NatsServer;
 use uuid::Uuid;
 
-pub const STREAM: &str = "PROJ_EVENTS";
-pub const PREFIX: &str = "proj.events";
+pub(crate) const STREAM: &str = "PROJ_EVENTS";
+pub(crate) const PREFIX: &str = "proj.events";
 
-pub struct Harness {
+pub(crate) struct Harness {
     pub url: String,
     pub nats: NatsServer,
     pub jetstream: jetstream::Context,
 }
 
 impl Harness {
-    pub async fn new(pool: &PgPool) -> Self {
+    pub(crate) async fn new(pool: &PgPool) -> Self {
         Self::with_duplicate_window(pool, StreamSettings::default().duplicate_window).await
     }
 
     /// With JetStream's dedupe window this short, the same message id can be stored again after it.
-    pub async fn with_duplicate_window(pool: &PgPool, duplicate_window: Duration) -> Self {
+    pub(crate) async fn with_duplicate_window(pool: &PgPool, duplicate_window: Duration) -> Self {
         let nats = NatsServer::start().expect("nats-server");
         let client = async_nats::connect(nats.url()).await.expect("connect");
         let jetstream = jetstream::new(client);
@@ -48,7 +48,7 @@ impl Harness {
         }
     }
 
-    pub fn config(&self) -> RunnerConfig {
+    pub(crate) fn config(&self) -> RunnerConfig {
         RunnerConfig {
             stream: STREAM.into(),
             subject_prefix: PREFIX.into(),
@@ -57,14 +57,18 @@ impl Harness {
         }
     }
 
-    pub async fn runner<P: Projection>(&self, projection: P, config: RunnerConfig) -> Runner<P> {
+    pub(crate) async fn runner<P: Projection>(
+        &self,
+        projection: P,
+        config: RunnerConfig,
+    ) -> Runner<P> {
         Runner::connect(projection, &self.url, &self.nats.url(), config)
             .await
             .expect("runner")
     }
 
     /// Consumes with projection `P` until nothing more can be applied.
-    pub async fn consume<P: Projection>(&self, projection: P) -> Tally {
+    pub(crate) async fn consume<P: Projection>(&self, projection: P) -> Tally {
         self.runner(projection, self.config())
             .await
             .run(std::future::pending(), true, |_| {})
@@ -73,7 +77,12 @@ impl Harness {
     }
 
     /// Publishes `body` on `subject` with exactly `headers`, not waiting for the PubAck.
-    pub async fn publish_with_headers(&self, subject: &str, headers: HeaderMap, body: Vec<u8>) {
+    pub(crate) async fn publish_with_headers(
+        &self,
+        subject: &str,
+        headers: HeaderMap,
+        body: Vec<u8>,
+    ) {
         self.jetstream
             .publish_with_headers(subject.to_owned(), headers, body.into())
             .await
@@ -83,14 +92,14 @@ impl Harness {
     }
 
     /// Publishes `body` with only a message id.
-    pub async fn publish_raw(&self, subject: &str, body: Vec<u8>, msg_id: &str) {
+    pub(crate) async fn publish_raw(&self, subject: &str, body: Vec<u8>, msg_id: &str) {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", msg_id);
         self.publish_with_headers(subject, headers, body).await;
     }
 
     /// Publishes `envelope` as the relay does: its subject and headers.
-    pub async fn publish(&self, envelope: &EventEnvelope) {
+    pub(crate) async fn publish(&self, envelope: &EventEnvelope) {
         self.publish_with_headers(
             &subject(envelope),
             projections::decode::relay_headers(envelope),
@@ -101,11 +110,11 @@ impl Harness {
 }
 
 /// The relay's subject for `envelope`.
-pub fn subject(envelope: &EventEnvelope) -> String {
+pub(crate) fn subject(envelope: &EventEnvelope) -> String {
     domain::wire::subject(PREFIX, envelope).expect("subject")
 }
 
-pub fn envelope(order: OrderId, version: i64, event: &OrderEvent) -> EventEnvelope {
+pub(crate) fn envelope(order: OrderId, version: i64, event: &OrderEvent) -> EventEnvelope {
     let meta = EventMeta {
         event_id: Uuid::now_v7(),
         occurred_at: chrono::Utc::now(),
@@ -115,38 +124,38 @@ pub fn envelope(order: OrderId, version: i64, event: &OrderEvent) -> EventEnvelo
     EventEnvelope::wrap(event, order, version, meta)
 }
 
-pub fn placed(customer: &str, lines: &[&str]) -> OrderEvent {
+pub(crate) fn placed(customer: &str, lines: &[&str]) -> OrderEvent {
     domain::Order::new(OrderId::from_uuid(Uuid::now_v7()))
         .decide(&testkit::place(customer, lines))
         .expect("valid order")
         .remove(0)
 }
 
-pub fn paid(cents: i64) -> OrderEvent {
+pub(crate) fn paid(cents: i64) -> OrderEvent {
     OrderEvent::Paid(domain::OrderPaid::from_command(&domain::PayOrder {
         amount_cents: domain::Cents::new(cents).expect("cents"),
         payment_ref: None,
     }))
 }
 
-pub fn cancelled() -> OrderEvent {
+pub(crate) fn cancelled() -> OrderEvent {
     OrderEvent::Cancelled(domain::OrderCancelled::from_command(&domain::CancelOrder {
         reason: domain::Note::parse("changed my mind").expect("note"),
     }))
 }
 
-pub fn shipped() -> OrderEvent {
+pub(crate) fn shipped() -> OrderEvent {
     OrderEvent::Shipped(domain::OrderShipped::from_command(&domain::ShipOrder {
         carrier: domain::Note::parse("DHL").expect("note"),
         tracking_number: domain::Note::parse("T1").expect("note"),
     }))
 }
 
-pub fn new_order() -> OrderId {
+pub(crate) fn new_order() -> OrderId {
     OrderId::from_uuid(Uuid::now_v7())
 }
 
-pub async fn stock_of(pool: &PgPool, sku: &str) -> Option<(i64, i64, i64)> {
+pub(crate) async fn stock_of(pool: &PgPool, sku: &str) -> Option<(i64, i64, i64)> {
     let pool = projections::schema::connect(
         &testkit::database_url(pool).await,
         Inventory::NAME,
@@ -161,7 +170,7 @@ pub async fn stock_of(pool: &PgPool, sku: &str) -> Option<(i64, i64, i64)> {
         .map(|s| (s.reserved, s.shipped, s.released))
 }
 
-pub async fn balance_of(pool: &PgPool, customer: &str) -> Option<i64> {
+pub(crate) async fn balance_of(pool: &PgPool, customer: &str) -> Option<i64> {
     let pool = projections::schema::connect(
         &testkit::database_url(pool).await,
         Points::NAME,
@@ -177,18 +186,18 @@ pub async fn balance_of(pool: &PgPool, customer: &str) -> Option<i64> {
 }
 
 /// A projection binary wired to the harness, with `args` after the connection flags.
-pub fn binary(h: &Harness, path: &str, args: &[&str]) -> tokio::process::Command {
+pub(crate) fn binary(h: &Harness, path: &str, args: &[&str]) -> tokio::process::Command {
     binary_with(h, path, &[], args)
 }
 
 /// `waybill-projection <model>` wired to the harness, with `args` after the connection flags.
-pub fn model(h: &Harness, name: &str, args: &[&str]) -> tokio::process::Command {
+pub(crate) fn model(h: &Harness, name: &str, args: &[&str]) -> tokio::process::Command {
     binary_with(h, PROJECTION, &[name], args)
 }
 
 /// `waybill-projection-faulty <projection>` (the projection binary with fault flags, `fault-injection`
 /// builds only) wired to the harness, with `args` after the connection flags.
-pub fn faulty(h: &Harness, projection: &str, args: &[&str]) -> tokio::process::Command {
+pub(crate) fn faulty(h: &Harness, projection: &str, args: &[&str]) -> tokio::process::Command {
     binary_with(h, FAULTY, &[projection], args)
 }
 
@@ -216,7 +225,7 @@ fn binary_with(h: &Harness, path: &str, first: &[&str], args: &[&str]) -> tokio:
 }
 
 /// Runs a projection binary to its end; returns its exit code and standard output parsed as JSON.
-pub async fn run_json(h: &Harness, path: &str, args: &[&str]) -> (i32, serde_json::Value) {
+pub(crate) async fn run_json(h: &Harness, path: &str, args: &[&str]) -> (i32, serde_json::Value) {
     let output = binary(h, path, args).output().await.expect("runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let json = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
@@ -228,8 +237,8 @@ pub async fn run_json(h: &Harness, path: &str, args: &[&str]) -> (i32, serde_jso
     (output.status.code().unwrap_or(-1), json)
 }
 
-pub const INVENTORY: &str = env!("CARGO_BIN_EXE_waybill-inventory");
-pub const POINTS: &str = env!("CARGO_BIN_EXE_waybill-points");
-pub const SEARCH: &str = env!("CARGO_BIN_EXE_waybill-search");
-pub const PROJECTION: &str = env!("CARGO_BIN_EXE_waybill-projection");
-pub const FAULTY: &str = env!("CARGO_BIN_EXE_waybill-projection-faulty");
+pub(crate) const INVENTORY: &str = env!("CARGO_BIN_EXE_waybill-inventory");
+pub(crate) const POINTS: &str = env!("CARGO_BIN_EXE_waybill-points");
+pub(crate) const SEARCH: &str = env!("CARGO_BIN_EXE_waybill-search");
+pub(crate) const PROJECTION: &str = env!("CARGO_BIN_EXE_waybill-projection");
+pub(crate) const FAULTY: &str = env!("CARGO_BIN_EXE_waybill-projection-faulty");

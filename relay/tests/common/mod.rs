@@ -11,12 +11,12 @@ use store::EventStore;
 use testkit::{NatsServer, StoredEvent};
 
 // One poller for every test crate; re-exported so the test files keep importing it from here.
-pub use testkit::wait_until;
+pub(crate) use testkit::wait_until;
 
-pub const STREAM: &str = "TEST_EVENTS";
-pub const PREFIX: &str = "test.events";
+pub(crate) const STREAM: &str = "TEST_EVENTS";
+pub(crate) const PREFIX: &str = "test.events";
 
-pub struct Harness {
+pub(crate) struct Harness {
     pub pool: PgPool,
     pub url: String,
     pub nats: NatsServer,
@@ -25,11 +25,11 @@ pub struct Harness {
 }
 
 impl Harness {
-    pub async fn new(pool: PgPool) -> Self {
+    pub(crate) async fn new(pool: PgPool) -> Self {
         Self::with_nats(pool, NatsServer::start().expect("nats-server")).await
     }
 
-    pub async fn with_nats(pool: PgPool, nats: NatsServer) -> Self {
+    pub(crate) async fn with_nats(pool: PgPool, nats: NatsServer) -> Self {
         let url = testkit::database_url(&pool).await;
         let client = async_nats::connect(nats.url())
             .await
@@ -44,7 +44,7 @@ impl Harness {
     }
 
     /// Fast settings: short timeouts and retries, so failure paths finish in test time.
-    pub fn config(&self, relay_id: &str) -> RelayConfig {
+    pub(crate) fn config(&self, relay_id: &str) -> RelayConfig {
         RelayConfig {
             relay_id: relay_id.to_owned(),
             stream: StreamSettings {
@@ -61,7 +61,7 @@ impl Harness {
     }
 
     /// A relay with its own database pool (named after it in pg_stat_activity) and NATS connection.
-    pub async fn relay(&self, config: RelayConfig) -> Relay {
+    pub(crate) async fn relay(&self, config: RelayConfig) -> Relay {
         let relay = Relay::connect(&self.url, &self.nats.url(), config)
             .await
             .expect("relay connects");
@@ -69,12 +69,12 @@ impl Harness {
         relay
     }
 
-    pub async fn stream(&self) -> Vec<StoredEvent> {
+    pub(crate) async fn stream(&self) -> Vec<StoredEvent> {
         testkit::stream_events(&self.jetstream, STREAM).await
     }
 
     /// Waits until the stream holds at least `count` messages.
-    pub async fn wait_for_messages(&self, count: u64) {
+    pub(crate) async fn wait_for_messages(&self, count: u64) {
         let js = self.jetstream.clone();
         wait_until(
             Duration::from_secs(20),
@@ -90,7 +90,7 @@ impl Harness {
         .await;
     }
 
-    pub async fn count(&self, sql: &'static str) -> i64 {
+    pub(crate) async fn count(&self, sql: &'static str) -> i64 {
         sqlx::query_scalar(sql)
             .fetch_one(&self.pool)
             .await
@@ -99,13 +99,13 @@ impl Harness {
 }
 
 /// A relay's [`Relay::run`] in a task of its own, until [`Running::stop`].
-pub struct Running {
+pub(crate) struct Running {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<relay::RunSummary>,
 }
 
 impl Running {
-    pub fn start(relay: &Relay) -> Self {
+    pub(crate) fn start(relay: &Relay) -> Self {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let relay = relay.clone();
         let task = tokio::spawn(async move {
@@ -119,7 +119,7 @@ impl Running {
     }
 
     /// Asks the relay to stop and returns its totals; it must stop within 15 s.
-    pub async fn stop(self) -> relay::RunSummary {
+    pub(crate) async fn stop(self) -> relay::RunSummary {
         self.stop.send(true).expect("the relay is running");
         tokio::time::timeout(Duration::from_secs(15), self.task)
             .await
@@ -130,7 +130,7 @@ impl Running {
 
 /// Inserts `aggregates` orders with `versions` (1 to 3: placed, paid, shipped) events each, written in
 /// interleaved order (every order's v1, then every v2, ...) straight into `events` and `outbox`.
-pub async fn seed(pool: &PgPool, aggregates: i64, versions: i64) {
+pub(crate) async fn seed(pool: &PgPool, aggregates: i64, versions: i64) {
     sqlx::query(
         "WITH rows AS (
             SELECT gen_random_uuid() AS event_id,

@@ -13,6 +13,7 @@
 //! cannot mark anything, and rows it lost are already someone else's.
 
 use std::collections::HashMap;
+use std::num::TryFromIntError;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -110,6 +111,13 @@ pub async fn claim(
     max_rows: i64,
     lane: Option<(u32, u32)>,
 ) -> sqlx::Result<Vec<ClaimedRow>> {
+    // PostgreSQL's int; a lane count past i32::MAX is refused before anything is claimed.
+    let lane = lane
+        .map(|(lane, lanes)| {
+            Ok::<_, TryFromIntError>((i32::try_from(lane)?, i32::try_from(lanes)?))
+        })
+        .transpose()
+        .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
     sqlx::query_as(
         "WITH heads AS (
             SELECT o.id, o.attempts, o.created_at, o.traceparent, o.event_id, o.event_type,
@@ -155,8 +163,8 @@ pub async fn claim(
     )
     .bind(batch_size)
     .bind(max_rows)
-    .bind(lane.map(|(_, lanes)| lanes as i32))
-    .bind(lane.map(|(lane, _)| lane as i32))
+    .bind(lane.map(|(_, lanes)| lanes))
+    .bind(lane.map(|(lane, _)| lane))
     .fetch_all(tx)
     .await
 }

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 /// How a path changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ChangeKind {
+pub(crate) enum ChangeKind {
     /// The field (or keyword) is only in the newer version.
     Added,
     /// The field (or keyword) is only in the older version.
@@ -23,7 +23,7 @@ pub enum ChangeKind {
 }
 
 impl ChangeKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Added => "added",
             Self::Removed => "removed",
@@ -34,7 +34,7 @@ impl ChangeKind {
 
 /// One difference between two schemas.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Change {
+pub(crate) struct Change {
     /// The field: `customer_id`, `lines[].sku` (`[]` is every item of an array); empty for the payload
     /// itself.
     pub path: String,
@@ -50,7 +50,7 @@ pub struct Change {
 
 /// Every change from the schema `from` to the schema `to`, in path order (a field's own changes
 /// before its nested fields').
-pub fn diff(from: &Value, to: &Value) -> Vec<Change> {
+pub(crate) fn diff(from: &Value, to: &Value) -> Vec<Change> {
     let mut changes = Vec::new();
     compare(&mut changes, "", from, to);
     changes
@@ -202,7 +202,7 @@ fn required(schema: &Map<String, Value>) -> BTreeSet<&str> {
 const SHOWN_VALUE: usize = 100;
 
 /// The changes as lines for a terminal: a header, then one aligned line per change.
-pub fn render(event_type: &str, from: i32, to: i32, changes: &[Change]) -> String {
+pub(crate) fn render(event_type: &str, from: i32, to: i32, changes: &[Change]) -> String {
     if changes.is_empty() {
         return format!("{event_type} v{from} → v{to}: no changes\n");
     }

@@ -12,7 +12,7 @@ use super::diff;
 use crate::cli::{SchemaArgs, SchemaCommand, SchemaDiffArgs, SchemaShowArgs};
 
 /// Runs `waybill schema …`; `json` is the global `--json`.
-pub fn run(args: SchemaArgs, json: bool) -> anyhow::Result<()> {
+pub(crate) fn run(args: SchemaArgs, json: bool) -> anyhow::Result<()> {
     match args.command {
         None => {
             let document = if args.asyncapi {

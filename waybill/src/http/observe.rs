@@ -37,7 +37,7 @@ pub(crate) async fn observe(request: Request, next: Next) -> Response {
         .increment(1);
     metrics::histogram!("waybill_http_request_seconds", "route" => route.clone())
         .record(started.elapsed().as_secs_f64());
-    tracing::info!(%method, %route, status, elapsed_ms = started.elapsed().as_millis() as u64, "request");
+    tracing::info!(%method, %route, status, elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), "request");
     response
 }
 

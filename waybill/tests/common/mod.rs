@@ -7,7 +7,7 @@ use reqwest::Client;
 use sqlx::PgPool;
 
 /// A running `waybill serve` (killed when dropped) and a client for it.
-pub struct Service {
+pub(crate) struct Service {
     /// The API's base URL.
     pub base: String,
     /// The metrics listener's base URL.
@@ -20,7 +20,7 @@ pub struct Service {
 impl Service {
     /// `waybill serve` on the test's database with the API and its metrics listener on free loopback
     /// ports, plus `extra` flags; returns once its health check answers.
-    pub async fn start_with(pool: &PgPool, extra: &[&str]) -> Self {
+    pub(crate) async fn start_with(pool: &PgPool, extra: &[&str]) -> Self {
         let url = testkit::database_url(pool).await;
         let ports = testkit::free_ports(2).expect("free ports");
         let (port, metrics_port) = (ports[0], ports[1]);
@@ -73,7 +73,7 @@ impl Drop for Service {
     dead_code,
     reason = "not every test file that shares this module starts other binaries"
 )]
-pub fn workspace_binary(name: &str) -> PathBuf {
+pub(crate) fn workspace_binary(name: &str) -> PathBuf {
     testkit::workspace_binary(
         env!("CARGO_MANIFEST_DIR"),
         env!("CARGO_BIN_EXE_waybill"),

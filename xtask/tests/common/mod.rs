@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The workspace root.
-pub fn workspace() -> PathBuf {
+pub(crate) fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask sits in the workspace")
@@ -18,7 +18,7 @@ pub fn workspace() -> PathBuf {
 }
 
 /// Copies the folder `from` into `to`, recursively (`skip` names left out, e.g. `target`).
-pub fn copy_tree(from: &Path, to: &Path, skip: &[&str]) {
+pub(crate) fn copy_tree(from: &Path, to: &Path, skip: &[&str]) {
     std::fs::create_dir_all(to).expect("mkdir");
     for entry in std::fs::read_dir(from).expect("readable") {
         let path = entry.expect("entry").path();
@@ -35,7 +35,7 @@ pub fn copy_tree(from: &Path, to: &Path, skip: &[&str]) {
 }
 
 /// A copy of the workspace's `domain/` (its source, schemas and fixtures) as `root/domain`.
-pub fn copy_domain(root: &Path) -> PathBuf {
+pub(crate) fn copy_domain(root: &Path) -> PathBuf {
     let domain = root.join("domain");
     copy_tree(&workspace().join("domain"), &domain, &["target"]);
     domain
@@ -44,7 +44,7 @@ pub fn copy_domain(root: &Path) -> PathBuf {
 /// A finished run: exit code and output (testkit has the same; xtask cannot link it, since the
 /// guide's copy of the workspace builds xtask with `domain` alone).
 #[derive(Debug)]
-pub struct Run {
+pub(crate) struct Run {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
@@ -52,20 +52,20 @@ pub struct Run {
 
 impl Run {
     /// Fails the test, with the output, unless it exited 0.
-    pub fn ok(self) -> Self {
+    pub(crate) fn ok(self) -> Self {
         assert_eq!(self.code, 0, "{}{}", self.stdout, self.stderr);
         self
     }
 
     /// Standard output as JSON.
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
     }
 }
 
 /// Runs `command` to its end.
-pub fn run(command: &mut Command) -> Run {
+pub(crate) fn run(command: &mut Command) -> Run {
     let output = command.output().expect("the command runs");
     Run {
         code: output.status.code().unwrap_or(-1),
@@ -75,7 +75,7 @@ pub fn run(command: &mut Command) -> Run {
 }
 
 /// `cargo xtask ARGS` from `dir`, through the built binary.
-pub fn xtask_in(dir: &Path, args: &[&str]) -> Run {
+pub(crate) fn xtask_in(dir: &Path, args: &[&str]) -> Run {
     run(Command::new(env!("CARGO_BIN_EXE_xtask"))
         .args(args)
         .current_dir(dir))
