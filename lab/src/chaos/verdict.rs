@@ -505,18 +505,8 @@ async fn check_projections(
     // Each projection's checkpoint of each order is the order's last version: nothing skipped,
     // nothing applied past the store, whatever field an event touches.
     for (name, differing) in &mut found {
-        let sql = format!("SELECT aggregate_id, version FROM {name}.checkpoints");
-        let checkpoints: BTreeMap<Uuid, i64> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .fetch_all(evidence.pool)
-            .await
-            .with_context(|| format!("reading {name}.checkpoints"))?
-            .into_iter()
-            .collect();
-        differing.extend(
-            differences(&folded.versions, &checkpoints, 0)
-                .into_iter()
-                .map(|d| format!("checkpoint of {d}")),
-        );
+        differing
+            .extend(checkpoint_differences(evidence.pool, name, &folded.versions, false).await?);
     }
     check_models(&mut found, evidence, &folded.versions).await?;
     for (name, found) in found {
@@ -549,6 +539,29 @@ fn differences<K: Ord + std::fmt::Display, V: PartialEq + std::fmt::Debug>(
         .collect()
 }
 
+/// Projection `name`'s checkpoint of each order against the order's last version (`versions`), one
+/// line per difference. `orders_only`: leave out the checkpoints of aggregates that are not orders
+/// (a projection of several aggregate types keeps theirs in the same table).
+async fn checkpoint_differences(
+    pool: &PgPool,
+    name: &str,
+    versions: &BTreeMap<Uuid, i64>,
+    orders_only: bool,
+) -> anyhow::Result<Vec<String>> {
+    let sql = format!("SELECT aggregate_id, version FROM {name}.checkpoints");
+    let checkpoints: BTreeMap<Uuid, i64> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .fetch_all(pool)
+        .await
+        .with_context(|| format!("reading {name}.checkpoints"))?
+        .into_iter()
+        .filter(|(id, _)| !orders_only || versions.contains_key(id))
+        .collect();
+    Ok(differences(versions, &checkpoints, 0)
+        .into_iter()
+        .map(|d| format!("checkpoint of {d}"))
+        .collect())
+}
+
 /// Each read model's document against its own fold of the event store (the first difference), and,
 /// for a model of orders, its checkpoint of each order against the order's last version.
 async fn check_models(
@@ -573,19 +586,7 @@ async fn check_models(
                 .collect();
         if model.aggregates().contains(&"order") {
             // Only orders' checkpoints: a model of several types has others' too.
-            let sql = format!("SELECT aggregate_id, version FROM {name}.checkpoints");
-            let checkpoints: BTreeMap<Uuid, i64> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                .fetch_all(evidence.pool)
-                .await
-                .with_context(|| format!("reading {name}.checkpoints"))?
-                .into_iter()
-                .filter(|(id, _)| versions.contains_key(id))
-                .collect();
-            differing.extend(
-                differences(versions, &checkpoints, 0)
-                    .into_iter()
-                    .map(|d| format!("checkpoint of {d}")),
-            );
+            differing.extend(checkpoint_differences(evidence.pool, name, versions, true).await?);
         }
         found.push((name, differing));
     }

@@ -222,38 +222,23 @@ impl Fleet {
             format!("http://127.0.0.1:{api_metrics_port}"),
             format!("http://127.0.0.1:{console_port}"),
         ];
-        for name in [Inventory::NAME, Points::NAME, Search::NAME] {
-            let (port, metrics_port) = (testkit::free_port()?, testkit::free_port()?);
-            let mut projection = command(
-                &binary(&format!("waybill-{name}"))?,
-                &wiring,
-                &logs,
-                &format!("waybill-{name}"),
-            )?;
-            projection.args([
-                "run",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--metrics-listen",
-                &format!("127.0.0.1:{metrics_port}"),
-            ]);
-            health.push(format!("http://127.0.0.1:{metrics_port}"));
-            children.push((
-                format!("waybill-{name}"),
-                projection
-                    .spawn()
-                    .with_context(|| format!("starting waybill-{name}"))?,
-            ));
-            reads.push((name, format!("http://127.0.0.1:{port}")));
-        }
-        // Every read model of the registry, wired as the built-in ones are (by the environment).
-        for model in projections::registry::MODELS {
+        // The built-in projections (`waybill-NAME run`), then every read model of the registry
+        // (`waybill-projection NAME run`), all wired alike (by the environment).
+        let built_in = [Inventory::NAME, Points::NAME, Search::NAME]
+            .map(|name| (name, format!("waybill-{name}"), Vec::new()));
+        let models = projections::registry::MODELS.iter().map(|model| {
             let name = model.name();
-            let process = format!("waybill-projection-{name}");
+            (name, "waybill-projection".to_owned(), vec![name])
+        });
+        for (name, program, command_words) in built_in.into_iter().chain(models) {
+            let process = if command_words.is_empty() {
+                program.clone()
+            } else {
+                format!("{program}-{name}")
+            };
             let (port, metrics_port) = (testkit::free_port()?, testkit::free_port()?);
-            let mut projection = command(&binary("waybill-projection")?, &wiring, &logs, &process)?;
-            projection.args([
-                name,
+            let mut projection = command(&binary(&program)?, &wiring, &logs, &process)?;
+            projection.args(command_words).args([
                 "run",
                 "--listen",
                 &format!("127.0.0.1:{port}"),
