@@ -43,9 +43,9 @@ pub struct ClaimedRow {
     pub event_version: i32,
     /// E.g. `order`: with the id, the subject.
     pub aggregate_type: String,
-    /// The order.
+    /// The aggregate's id.
     pub aggregate_id: Uuid,
-    /// The order key within the aggregate.
+    /// The event's place in its aggregate's history: the per-aggregate order key.
     pub aggregate_version: i64,
     /// The message body, published verbatim (shared, not copied, by the publish).
     #[sqlx(try_from = "String")]
