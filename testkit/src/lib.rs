@@ -27,7 +27,9 @@ pub mod stats;
 mod stream;
 
 pub use cut_proxy::CutProxy;
-pub use local_nats::{NatsServer, find_binary, free_port, free_ports, server_version};
+pub use local_nats::{
+    NatsServer, find_binary, free_port, free_ports, nats_server_binary, server_version,
+};
 pub use local_postgres::{PostgresServer, reachable};
 pub use login::Login;
 pub use nats_cluster::NatsCluster;

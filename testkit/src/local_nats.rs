@@ -29,8 +29,8 @@ impl NatsServer {
 
     /// Like [`NatsServer::start`], with extra command-line arguments (e.g. `--max_payload`).
     pub fn start_with(extra_args: &[&str]) -> anyhow::Result<Self> {
-        let binary = find_binary("nats-server").context(
-            "nats-server is not installed; install the Debian package `nats-server` (or put the binary on PATH)",
+        let binary = nats_server_binary().context(
+            "nats-server is not installed: run scripts/install-nats-server (or set WAYBILL_NATS_SERVER)",
         )?;
         let port = free_port()?;
         let dir = tempfile::Builder::new()
@@ -52,8 +52,8 @@ impl NatsServer {
     /// A server on `port` with `extra_args`, not yet started ([`NatsServer::resume`] starts it): the
     /// nodes of a cluster must know each other's ports before the first one starts.
     pub(crate) fn prepared(port: u16, extra_args: Vec<String>) -> anyhow::Result<Self> {
-        let binary = find_binary("nats-server").context(
-            "nats-server is not installed; install the Debian package `nats-server` (or put the binary on PATH)",
+        let binary = nats_server_binary().context(
+            "nats-server is not installed: run scripts/install-nats-server (or set WAYBILL_NATS_SERVER)",
         )?;
         let dir = tempfile::Builder::new()
             .prefix("waybill-nats-")
@@ -242,6 +242,46 @@ fn random() -> u64 {
     hasher.finish()
 }
 
+/// The nats-server private servers are started from: `WAYBILL_NATS_SERVER` when set, else the one the
+/// project installs into `.tools/bin` (installed on first use by `scripts/install-nats-server`), else
+/// whichever is on PATH — with a warning, since a distribution's server may be older than the
+/// supported minimum (2.11).
+pub fn nats_server_binary() -> Option<PathBuf> {
+    static FOUND: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    FOUND.get_or_init(locate_nats_server).clone()
+}
+
+fn locate_nats_server() -> Option<PathBuf> {
+    if let Some(named) = std::env::var_os("WAYBILL_NATS_SERVER").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(named));
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let installed = root.join(".tools/bin/nats-server");
+    if !installed.is_file() {
+        let script = root.join("scripts/install-nats-server");
+        let ran = Command::new(&script)
+            .stdout(Stdio::null())
+            .status()
+            .map(|status| status.success())
+            .unwrap_or(false);
+        if !ran {
+            eprintln!(
+                "testkit: {} failed; looking for nats-server on PATH",
+                script.display()
+            );
+        }
+    }
+    if installed.is_file() {
+        return Some(installed);
+    }
+    let found = find_binary("nats-server")?;
+    eprintln!(
+        "testkit: using {} (not the project's own server: run scripts/install-nats-server)",
+        found.display()
+    );
+    Some(found)
+}
+
 /// Looks `name` up on PATH and in the sbin folders, where Debian installs server binaries.
 pub fn find_binary(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -254,7 +294,7 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
 /// What `nats-server --version` says of the binary private servers are started from (e.g.
 /// `nats-server: v2.9.10`), so that a report names the server its verdict is about.
 pub fn server_version() -> Option<String> {
-    let output = std::process::Command::new(find_binary("nats-server")?)
+    let output = std::process::Command::new(nats_server_binary()?)
         .arg("--version")
         .output()
         .ok()?;

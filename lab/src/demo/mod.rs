@@ -288,7 +288,7 @@ async fn play_and_check(
     step(
         started,
         &format!(
-            "relay started: it published that row again and JetStream answered duplicate=true (checked: still one copy in the stream; the row is {} with stream sequence {crash_copy})",
+            "relay started: it published that row again and JetStream recognised it — by its dedupe window or, on 2.10 and later, by the per-order fence first (checked: still one copy in the stream; the row is {} with stream sequence {crash_copy})",
             row.status
         ),
     );
