@@ -135,7 +135,8 @@ accounts {{
       # A projection consumes through its own durable consumers and publishes nothing but JetStream
       # API requests for them and acknowledgements of their messages: the one named after it,
       # <name>_rebuild while `rebuild` builds the new state, and <name>-p<K>of<P> for each partition
-      # of every layout with P up to {max}. Another projection's consumers are out of its reach.
+      # of every layout with P up to {max}; and its partition leases, the key-value bucket
+      # <stream>_leases_<name>. Another projection's consumers and leases are out of its reach.
 ",
             max = self.max_partitions,
             users = comment_lines(&users),
@@ -162,6 +163,20 @@ accounts {{
                     format!("$JS.ACK.{stream}.{consumer}.>"),
                 ]);
             }
+            // The partition leases (`lease.rs`): the projection's own key-value bucket.
+            let kv = format!("KV_{}", crate::lease::bucket_name(stream, name));
+            let bucket = crate::lease::bucket_name(stream, name);
+            subjects.extend([
+                format!("$KV.{bucket}.>"),
+                format!("$JS.API.STREAM.INFO.{kv}"),
+                format!("$JS.API.STREAM.CREATE.{kv}"),
+                format!("$JS.API.STREAM.MSG.GET.{kv}"),
+                format!("$JS.API.DIRECT.GET.{kv}.>"),
+                format!("$JS.API.CONSUMER.CREATE.{kv}"),
+                format!("$JS.API.CONSUMER.CREATE.{kv}.>"),
+                format!("$JS.API.CONSUMER.DELETE.{kv}.>"),
+                format!("$JS.FC.{kv}.>"),
+            ]);
             let quoted: Vec<String> = subjects
                 .iter()
                 .map(|subject| format!("            \"{subject}\""))

@@ -195,8 +195,10 @@ pub struct Connection {
     )]
     pub events_url: Option<String>,
 
-    /// The partitions this instance applies, 0 to P-1; repeatable, or comma-separated (default:
-    /// all). Give each partition to one instance; see docs/scale-out.md.
+    /// The partitions this instance applies, 0 to P-1; repeatable, or comma-separated. Without it
+    /// (and P > 1), the instances of the projection share the P partitions by themselves through
+    /// leases in NATS: start as many as you like, and a dead or frozen one's partitions move to the
+    /// others within --lease-time (`run --once` applies all of them). See docs/scale-out.md.
     #[arg(
         long = "partition",
         env = "WAYBILL_PARTITION",
@@ -205,6 +207,24 @@ pub struct Connection {
         global = true
     )]
     pub partition: Vec<u32>,
+
+    /// With shared partitions: how long a partition's lease lasts unrenewed, so how long a dead or
+    /// frozen instance's partitions wait before another instance takes them (renewed every third
+    /// of it).
+    #[arg(long, env = "WAYBILL_LEASE_TIME", value_name = "DURATION", default_value = "6s", value_parser = lease_time, global = true)]
+    pub lease_time: humantime::Duration,
+}
+
+fn lease_time(text: &str) -> Result<humantime::Duration, String> {
+    let parsed: humantime::Duration = text.parse().map_err(|error| format!("{error}"))?;
+    let time: Duration = parsed.into();
+    if time < Duration::from_secs(1) || time > Duration::from_secs(300) {
+        return Err(format!(
+            "{text} is outside 1s..5m (shorter renews too often to survive a slow broker; longer \
+             leaves a dead instance's partitions waiting)"
+        ));
+    }
+    Ok(parsed)
 }
 
 fn max_version(text: &str) -> Result<(String, i32), String> {
@@ -374,6 +394,8 @@ impl Connection {
             batch_size: self.batch_size.max(1),
             ack_wait: self.ack_wait.into(),
             max_versions: self.max_versions.clone(),
+            share: partitions.count() > 1 && self.partition.is_empty(),
+            lease_time: self.lease_time.into(),
             partitions,
             events_url: self.events_url.clone(),
             ..RunnerConfig::default()
@@ -585,7 +607,9 @@ async fn serve_telemetry<P: Projection>(
     let metrics = ops::install_metrics_recorder()
         .map_err(|source| TelemetryError::Recorder(source.into()))?;
     crate::metrics::describe();
-    crate::metrics::record_owned(P::NAME, &runner.config().partitions);
+    if !runner.config().share {
+        crate::metrics::record_owned(P::NAME, &runner.config().partitions);
+    }
     let health_runner = runner.clone();
     let health: ops::HealthCheck = Arc::new(move || {
         let runner = health_runner.clone();
@@ -593,11 +617,14 @@ async fn serve_telemetry<P: Projection>(
             let database = sqlx::query("SELECT 1").execute(runner.pool()).await.is_ok();
             let nats =
                 runner.client().connection_state() == async_nats::connection::State::Connected;
-            let partitions = &runner.config().partitions;
+            let config = runner.config();
             (
                 database && nats,
                 json!({"projection": P::NAME, "database": database, "nats": nats,
-                       "partitions": {"count": partitions.count(), "owned": partitions.owned()}}),
+                       "instance": runner.instance(),
+                       "partitions": {"count": config.partitions.count(),
+                                      "owned": runner.owned_partitions(),
+                                      "shared": config.share}}),
             )
         })
     });
@@ -617,7 +644,7 @@ async fn refresh_gauges<P: Projection>(runner: Arc<Runner<P>>) {
     loop {
         let partitions = &runner.config().partitions;
         let mut total = Some((0, 0));
-        for &partition in partitions.owned() {
+        for partition in runner.owned_partitions() {
             match runner.lag_of(&runner.partition_consumer(partition)).await {
                 Ok((pending, ack_pending)) => {
                     if !partitions.is_single() {

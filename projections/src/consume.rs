@@ -5,6 +5,7 @@
 //! ack-pending window. A batch that fails on what one of its messages holds is applied again message
 //! by message, so the one bad message is parked alone and the others go through.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
@@ -73,6 +74,9 @@ impl<P: Projection> Runner<P> {
         };
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let shared = std::sync::Mutex::new((caught_up, progress));
+        if self.config.share && !once {
+            return self.run_shared(shutdown, stop, stopped, shared).await;
+        }
         let mut loops = Box::pin(futures::future::try_join_all(
             self.config.partitions.owned().iter().map(|&partition| {
                 self.consume_partition(partition, stopped.clone(), once, &shared)
@@ -92,6 +96,121 @@ impl<P: Projection> Runner<P> {
             .into_inner()
             .unwrap_or_else(|poison| poison.into_inner());
         Ok(tally)
+    }
+
+    /// [`Runner::run`] for an instance that shares the partitions with the projection's other
+    /// instances: a lease keeper decides which partitions it applies (`lease.rs`), and each
+    /// partition's loop runs while its lease is held.
+    async fn run_shared<F: FnMut(&Tally) + Send>(
+        &self,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+        stop: tokio::sync::watch::Sender<bool>,
+        stopped: tokio::sync::watch::Receiver<bool>,
+        shared: std::sync::Mutex<(Tally, F)>,
+    ) -> Result<Tally, RunError> {
+        tokio::pin!(shutdown);
+        let count = self.config.partitions.count();
+        let mut settings = crate::lease::LeaseSettings::new(
+            &self.config.stream,
+            P::NAME,
+            count,
+            self.config.lease_time,
+        );
+        settings.instance.clone_from(&self.instance);
+        if let Ok(mut stream) = self.stream().await
+            && let Ok(info) = stream.info().await
+        {
+            settings.replicas = info.config.num_replicas;
+        }
+        let store = loop {
+            match crate::lease::open_bucket(&self.jetstream, &settings).await {
+                Ok(store) => break store,
+                Err(error) => {
+                    tracing::warn!(error = %ops::error_chain(&error), "partition leases unavailable; retrying in 2 s");
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                        () = &mut shutdown => return Ok(Tally::default()),
+                    }
+                }
+            }
+        };
+        tracing::info!(
+            projection = P::NAME,
+            instance = %settings.instance,
+            bucket = %settings.bucket,
+            lease_time = %humantime::format_duration(settings.lease_time),
+            "sharing {count} partitions with the other instances through leases"
+        );
+        let keeper =
+            crate::lease::keep_share(store, settings, Arc::clone(&self.owned), stopped.clone());
+        let follow = futures::future::try_join_all(
+            (0..count).map(|partition| self.follow_lease(partition, stopped.clone(), &shared)),
+        );
+        let mut both = Box::pin(async { futures::join!(keeper, follow).1 });
+        let finished = tokio::select! {
+            finished = &mut both => finished,
+            () = &mut shutdown => {
+                let _ = stop.send(true);
+                (&mut both).await
+            }
+        };
+        drop(both);
+        finished?;
+        let (tally, _) = shared
+            .into_inner()
+            .unwrap_or_else(|poison| poison.into_inner());
+        Ok(tally)
+    }
+
+    /// Runs `partition`'s loop whenever this instance holds its lease, and stops it between
+    /// batches when the lease goes (released to a newcomer, lost, or the instance stopping).
+    async fn follow_lease<F: FnMut(&Tally) + Send>(
+        &self,
+        partition: u32,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+        shared: &std::sync::Mutex<(Tally, F)>,
+    ) -> Result<(), RunError> {
+        let mut owned = self.owned.subscribe();
+        let label = self.config.partitions.label(partition);
+        loop {
+            // Wait for the lease.
+            loop {
+                if *stopped.borrow() {
+                    return Ok(());
+                }
+                if owned.borrow_and_update().contains(&partition) {
+                    break;
+                }
+                tokio::select! {
+                    _ = owned.changed() => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+            metrics::record_partition_owned(P::NAME, label.clone(), true);
+            let (stop_one, stopped_one) = tokio::sync::watch::channel(false);
+            let consume = self.consume_partition(partition, stopped_one, false, shared);
+            tokio::pin!(consume);
+            let lease_gone = async {
+                loop {
+                    if *stopped.borrow() || !owned.borrow_and_update().contains(&partition) {
+                        return;
+                    }
+                    tokio::select! {
+                        _ = owned.changed() => {}
+                        _ = stopped.changed() => {}
+                    }
+                }
+            };
+            let ended = tokio::select! {
+                ended = &mut consume => ended,
+                () = lease_gone => {
+                    let _ = stop_one.send(true);
+                    (&mut consume).await
+                }
+            };
+            metrics::record_partition_owned(P::NAME, label.clone(), false);
+            ended?;
+        }
     }
 
     /// One partition's loop: its consumer's batches, applied and settled one after the other.

@@ -297,7 +297,7 @@ impl<P: Projection> Runner<P> {
     /// summed over the owned partitions' consumers.
     pub async fn lag(&self) -> Result<(u64, u64), BrokerError> {
         let mut total = (0, 0);
-        for &partition in self.config.partitions.owned() {
+        for partition in self.owned_partitions() {
             let (pending, ack_pending) = self.lag_of(&self.partition_consumer(partition)).await?;
             total.0 += pending;
             total.1 += ack_pending;

@@ -19,6 +19,7 @@ pub mod history;
 pub mod http;
 pub mod inventory;
 pub mod kit;
+pub mod lease;
 pub mod metrics;
 pub mod model_cli;
 pub mod operator_api;

@@ -111,6 +111,13 @@ pub fn record_owned(projection: &'static str, partitions: &crate::partition::Par
     }
 }
 
+/// Says whether this instance applies `partition` now (with shared partitions, as its lease comes
+/// and goes).
+pub fn record_partition_owned(projection: &'static str, partition: String, owned: bool) {
+    gauge!("waybill_projection_partition_owned", "projection" => projection, "partition" => partition)
+        .set(if owned { 1.0 } else { 0.0 });
+}
+
 /// Counts a partition's batch: what it skipped (other partitions' messages).
 pub fn record_skipped(projection: &'static str, partition: String, skipped: u64) {
     counter!("waybill_projection_partition_skipped_total", "projection" => projection, "partition" => partition)

@@ -85,12 +85,15 @@ impl<P: Projection> Runner<P> {
             // One consumer builds every partition's orders.
             config: crate::runner::RunnerConfig {
                 partitions: crate::partition::Partitions::single(),
+                share: false,
                 ..self.config.clone()
             },
+            owned: Arc::new(tokio::sync::watch::Sender::new([0].into())),
             upcasters: self.upcasters.clone(),
             database_url: self.database_url.clone(),
             schema: next_schema.clone(),
             consumer_name: next_consumer.clone(),
+            instance: self.instance.clone(),
         };
         tracing::info!(
             projection = P::NAME,

@@ -68,6 +68,13 @@ pub struct RunnerConfig {
     /// rebuild, one behind the stream) catches up from (`--events-url`); `None`: the projection's
     /// own database.
     pub events_url: Option<String>,
+    /// Share the partitions with the projection's other instances through leases (`lease.rs`)
+    /// instead of applying `partitions.owned()` as given: set when P > 1 and no `--partition` list
+    /// was given. `run --once` applies every partition all the same.
+    pub share: bool,
+    /// How long a partition lease lasts unrenewed (`--lease-time`): the bound on how long a dead or
+    /// frozen instance's partitions wait for another instance.
+    pub lease_time: Duration,
 }
 
 impl Default for RunnerConfig {
@@ -83,6 +90,8 @@ impl Default for RunnerConfig {
             max_versions: Vec::new(),
             partitions: Partitions::single(),
             events_url: None,
+            share: false,
+            lease_time: crate::lease::DEFAULT_LEASE_TIME,
         }
     }
 }
@@ -178,6 +187,11 @@ pub struct Runner<P> {
     pub(crate) schema: String,
     /// Its durable consumer: the projection's name, or a rebuild's own.
     pub(crate) consumer_name: String,
+    /// The partitions this instance applies now: `partitions.owned()`, or, when sharing, those
+    /// it holds leases for (the partition loops and `/health` follow it).
+    pub(crate) owned: Arc<tokio::sync::watch::Sender<std::collections::BTreeSet<u32>>>,
+    /// This instance's name in the partition leases and `/health`.
+    pub(crate) instance: String,
 }
 
 impl<P: Projection> Runner<P> {
@@ -208,11 +222,27 @@ impl<P: Projection> Runner<P> {
                 .fold(Upcasters::all(), |upcasters, (event_type, max)| {
                     upcasters.capped(event_type, *max)
                 }),
+            owned: Arc::new(tokio::sync::watch::Sender::new(if config.share {
+                std::collections::BTreeSet::new()
+            } else {
+                config.partitions.owned().iter().copied().collect()
+            })),
             config,
             database_url: database_url.to_owned(),
             schema: P::NAME.to_owned(),
             consumer_name: P::NAME.to_owned(),
+            instance: crate::lease::instance_id(),
         })
+    }
+
+    /// The partitions this instance applies now, ascending (with leases: those it holds).
+    pub fn owned_partitions(&self) -> Vec<u32> {
+        self.owned.borrow().iter().copied().collect()
+    }
+
+    /// This instance's name among the projection's instances (the partition leases name it).
+    pub fn instance(&self) -> &str {
+        &self.instance
     }
 
     /// The projection's database pool (its schema first on the search path).

@@ -130,10 +130,22 @@ async fn balances(url: &str) -> BTreeMap<String, i64> {
 }
 
 /// Removes the stream's messages below `sequence`, as a retention limit or an operator's purge does.
+/// Removes the stream's messages below `sequence` the way its retention does (a message limit,
+/// lifted again afterwards), and returns how many went. Not with a purge: nats-server 2.10 and later
+/// move every consumer past what a purge removed, as if delivered — an operator's explicit "forget
+/// these" — while retention leaves the consumers where they were, which is the loss to detect.
 async fn purge_below(h: &Harness, sequence: u64) -> u64 {
-    let stream = h.jetstream.get_stream(STREAM).await.expect("stream");
-    let purged = stream.purge().sequence(sequence).await.expect("purge");
-    purged.purged
+    let mut stream = h.jetstream.get_stream(STREAM).await.expect("stream");
+    let info = stream.info().await.expect("info").clone();
+    let keep = info.state.last_sequence.saturating_sub(sequence) + 1;
+    let before = info.state.messages;
+    let mut config = info.config.clone();
+    config.max_messages = i64::try_from(keep).expect("a small count");
+    h.jetstream.update_stream(&config).await.expect("limit");
+    config.max_messages = info.config.max_messages;
+    h.jetstream.update_stream(&config).await.expect("unlimit");
+    let after = stream.info().await.expect("info").state.messages;
+    before - after
 }
 
 async fn first_sequence(h: &Harness) -> u64 {

@@ -207,3 +207,59 @@ async fn partitions_run_under_the_shipped_accounts_and_a_refusal_names_its_subje
         }
     }
 }
+
+/// Shared partitions (no `--partition` list) work under the shipped accounts as the projection's
+/// own user: its lease bucket is within its permissions, and it takes every partition alone.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn shared_partitions_take_their_leases_under_the_shipped_accounts(pool: PgPool) {
+    let secure = SecureNats::start(STREAM, PREFIX);
+    let url = testkit::database_url(&pool).await;
+    for n in 0..4 {
+        relay_an_order(&pool, &secure, &[&format!("SKU{n}:1:100")]).await;
+    }
+    let as_inventory = secure.url_for("inventory", INVENTORY_PASSWORD);
+    let listen = format!("127.0.0.1:{}", testkit::free_port().expect("port"));
+    let mut running = inventory(
+        &url,
+        &as_inventory,
+        &secure.ca,
+        &[
+            "run",
+            "--partitions",
+            "2",
+            "--lease-time",
+            "2s",
+            "--metrics-listen",
+            &listen,
+        ],
+    )
+    .kill_on_drop(true)
+    .spawn()
+    .expect("waybill-inventory starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let health: Option<serde_json::Value> =
+            match reqwest::get(format!("http://{listen}/health")).await {
+                Ok(response) => response.json().await.ok(),
+                Err(_) => None,
+            };
+        let owned = health.as_ref().map(|h| h["partitions"]["owned"].clone());
+        let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM inventory.checkpoints")
+            .fetch_one(&pool)
+            .await
+            .unwrap_or(0);
+        if owned == Some(serde_json::json!([0, 1])) && applied == 4 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after 30 s: owned {owned:?}, {applied} of 4 orders applied (health {health:?})"
+        );
+        assert!(
+            running.try_wait().expect("wait").is_none(),
+            "inventory exited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    running.start_kill().expect("kill");
+}
