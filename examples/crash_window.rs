@@ -3,7 +3,8 @@
 //! Reproduces the seed article's scenario on real services. An order is created; the first relay
 //! claims its outbox row, publishes it, gets the PubAck — and "crashes" before marking it sent. Then a
 //! second relay pass runs. The outbox promises at-least-once, so the event is published twice; JetStream
-//! drops the second copy because the `Nats-Msg-Id` is the event id.
+//! drops the second copy because the `Nats-Msg-Id` is the event id (nats-server 2.9) or because the
+//! publish's expected subject sequence is stale (2.10 and later check that first).
 //!
 //! Reads the server from `DATABASE_URL` (default `postgres://127.0.0.1:5432/...`) and uses its own
 //! database there (`WAYBILL_EXAMPLE_DATABASE`, default `waybill_example_crash_window`), and `NATS_URL`
@@ -132,8 +133,8 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let retry = second.step().await?;
     println!(
-        "second_relay claimed={} published={} duplicate_acks={} marked_sent={}",
-        retry.claimed, retry.published, retry.duplicates, retry.marked_sent
+        "second_relay claimed={} published={} duplicate_acks={} fenced={} marked_sent={}",
+        retry.claimed, retry.published, retry.duplicates, retry.fenced, retry.marked_sent
     );
     let publishes = crash.published + retry.published;
     let in_stream = stream_copies(&js, &stream_name, event_id).await?;
@@ -141,18 +142,24 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "published_after_retry={publishes} stream_messages_for_event={in_stream} outbox_status={status}"
     );
+    // Which guard stops the second copy depends on the server: nats-server 2.9 checks the message id
+    // first (a duplicate PubAck); 2.10 and later check the expected subject sequence first, and the
+    // relay's fence then finds this very event at the row's version.
+    let recognised_by = if retry.duplicates == 1 {
+        "the second PubAck was a duplicate (duplicate=true: the Nats-Msg-Id is the event id)"
+    } else if retry.fenced == 1 {
+        "the per-order fence refused it (wrong last subject sequence) and the relay found this very \
+         event there"
+    } else {
+        "nothing recognised it"
+    };
     println!(
-        "=> at-least-once: the event was published {publishes} times; JetStream stored it {in_stream} time(s) \
-         because the second PubAck was a duplicate ({}).",
-        if retry.duplicates == 1 {
-            "duplicate=true"
-        } else {
-            "duplicate=false"
-        }
+        "=> at-least-once: the event was published {publishes} times; JetStream stored it {in_stream} \
+         time(s) because {recognised_by}."
     );
 
     anyhow::ensure!(
-        in_stream == 1 && retry.duplicates == 1 && status == RowStatus::Sent,
+        in_stream == 1 && retry.duplicates + retry.fenced == 1 && status == RowStatus::Sent,
         "the crash window was not closed"
     );
     Ok(())
