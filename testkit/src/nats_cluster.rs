@@ -91,6 +91,27 @@ impl NatsCluster {
         self.nodes[index].stop();
     }
 
+    /// Freezes node `index` with SIGSTOP (a VM pause, a stalled process): it keeps its sockets and
+    /// its state but answers nothing until [`NatsCluster::thaw`].
+    pub fn freeze(&self, index: usize) -> anyhow::Result<()> {
+        self.signal(index, rustix::process::Signal::STOP)
+    }
+
+    /// Resumes a node frozen by [`NatsCluster::freeze`] with SIGCONT.
+    pub fn thaw(&self, index: usize) -> anyhow::Result<()> {
+        self.signal(index, rustix::process::Signal::CONT)
+    }
+
+    fn signal(&self, index: usize, signal: rustix::process::Signal) -> anyhow::Result<()> {
+        let pid = self.nodes[index]
+            .pid()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or_else(|| anyhow::anyhow!("node {} is not running", node_name(index)))?;
+        rustix::process::kill_process(pid, signal)?;
+        Ok(())
+    }
+
     /// Starts node `index` again on its ports and store, and waits until it is ready and has heard
     /// of a metadata leader (it has rejoined the cluster's JetStream).
     pub fn restart(&mut self, index: usize) -> anyhow::Result<()> {

@@ -38,6 +38,13 @@ pub(crate) enum FaultKind {
     /// With `--cluster`: SIGKILL one node of the three-node NATS cluster under load, start it again
     /// after a few seconds (the stream has three replicas, so it stays writable meanwhile).
     NatsNodeKill,
+    /// With `--cluster`: SIGSTOP one node for longer than the cluster's election timeout, then
+    /// SIGCONT (a VM pause, a stalled process): the others elect new leaders, the node wakes up with
+    /// stale state and must catch up without leaving a copy or a gap in the stream.
+    NatsNodeFreeze,
+    /// With `--cluster`: ask the stream's leader to step down under load
+    /// (`$JS.API.STREAM.LEADER.STEPDOWN`), as an operator's maintenance or a rolling upgrade does.
+    NatsStepDown,
 }
 
 impl FaultKind {
@@ -53,7 +60,7 @@ impl FaultKind {
     ];
 
     /// Every kind there is: [`FaultKind::ALL`] and the ones that need `--cluster`.
-    pub(crate) const KNOWN: [Self; 8] = [
+    pub(crate) const KNOWN: [Self; 10] = [
         Self::RelayKill,
         Self::RelayPause,
         Self::ProjectionKill,
@@ -62,21 +69,26 @@ impl FaultKind {
         Self::PgTerminate,
         Self::HostilePublish,
         Self::NatsNodeKill,
+        Self::NatsNodeFreeze,
+        Self::NatsStepDown,
     ];
 
     /// The kinds a run strikes by default: all of [`FaultKind::ALL`], and with a NATS cluster also
-    /// [`FaultKind::NatsNodeKill`].
+    /// the cluster's own (a node killed, a node frozen, a leader stepping down).
     pub(crate) fn defaults(cluster: bool) -> Vec<Self> {
         let mut kinds = Self::ALL.to_vec();
         if cluster {
-            kinds.push(Self::NatsNodeKill);
+            kinds.extend([Self::NatsNodeKill, Self::NatsNodeFreeze, Self::NatsStepDown]);
         }
         kinds
     }
 
     /// True for kinds that need `--cluster`.
     pub(crate) fn needs_cluster(self) -> bool {
-        self == Self::NatsNodeKill
+        matches!(
+            self,
+            Self::NatsNodeKill | Self::NatsNodeFreeze | Self::NatsStepDown
+        )
     }
 
     /// Its name on the command line and in the report.
@@ -90,6 +102,8 @@ impl FaultKind {
             Self::PgTerminate => "pg_terminate",
             Self::HostilePublish => "hostile_publish",
             Self::NatsNodeKill => "nats_node_kill",
+            Self::NatsNodeFreeze => "nats_node_freeze",
+            Self::NatsStepDown => "nats_step_down",
         }
     }
 
@@ -123,6 +137,9 @@ const NATS_DOWN: Duration = Duration::from_secs(3);
 /// How long a killed node of the NATS cluster stays down: long enough for the stream's and the
 /// consumers' leaders on it to move to the other nodes.
 const NATS_NODE_DOWN: Duration = Duration::from_secs(5);
+/// How long a frozen node of the NATS cluster stays frozen: past the raft election timeout (a few
+/// seconds), so that the others elect new leaders for what it led and it wakes up as a stale follower.
+const NATS_NODE_FROZEN: Duration = Duration::from_secs(12);
 const POSTGRES_DOWN: Duration = Duration::from_secs(2);
 /// Faults leave the first part of the run alone (the backlog's normal level is measured there) and
 /// the last seconds (so the last fault is over before the load stops).
@@ -318,6 +335,18 @@ async fn strike(
                 context.servers.nats_nodes
             ))
         }
+        FaultKind::NatsNodeFreeze => {
+            let index = rng.random_range(0..context.servers.nats_nodes.max(1));
+            let node = context
+                .servers
+                .freeze_nats_node(index, NATS_NODE_FROZEN)
+                .await?;
+            Ok(format!(
+                "SIGSTOP NATS node {node} of {} for {NATS_NODE_FROZEN:?}, then SIGCONT",
+                context.servers.nats_nodes
+            ))
+        }
+        FaultKind::NatsStepDown => step_down(&context.jetstream, super::STREAM).await,
         FaultKind::PostgresRestart => {
             context.servers.restart_postgres(POSTGRES_DOWN).await?;
             Ok(format!(
@@ -333,6 +362,44 @@ async fn strike(
             outcome.map(|()| sent.describe())
         }
     }
+}
+
+/// Asks the stream's leader to step down and names the leader before and after.
+async fn step_down(jetstream: &jetstream::Context, stream: &str) -> anyhow::Result<String> {
+    let leader = |info: &jetstream::stream::Info| {
+        info.cluster
+            .as_ref()
+            .and_then(|c| c.leader.clone())
+            .unwrap_or_else(|| "none".to_owned())
+    };
+    let mut handle = jetstream.get_stream(stream).await?;
+    let before = leader(handle.info().await?);
+    let answer: serde_json::Value = jetstream
+        .request(
+            format!("STREAM.LEADER.STEPDOWN.{stream}"),
+            &serde_json::json!({}),
+        )
+        .await
+        .map_err(|error| anyhow::anyhow!("stream leader step-down: {error}"))?;
+    anyhow::ensure!(
+        answer.get("error").is_none(),
+        "stream leader step-down refused: {answer}"
+    );
+    // The new leader is elected within moments; name it if it is there.
+    let mut after = "being elected".to_owned();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Ok(info) = handle.info().await {
+            let now = leader(info);
+            if now != "none" && now != before {
+                after = now;
+                break;
+            }
+        }
+    }
+    Ok(format!(
+        "stream {stream}'s leader {before} stepped down; new leader {after}"
+    ))
 }
 
 /// Waits (up to 3 s) for a moment when `projection` has a write transaction open — a batch being
@@ -440,5 +507,11 @@ mod tests {
         );
         assert!(!FaultKind::ALL.contains(&FaultKind::NatsNodeKill));
         assert!(FaultKind::defaults(true).contains(&FaultKind::NatsNodeKill));
+        for kind in [FaultKind::NatsNodeFreeze, FaultKind::NatsStepDown] {
+            assert_eq!(FaultKind::parse(kind.name()), Ok(kind));
+            assert!(kind.needs_cluster() && !FaultKind::ALL.contains(&kind));
+            assert!(FaultKind::defaults(true).contains(&kind));
+            assert!(!FaultKind::defaults(false).contains(&kind));
+        }
     }
 }

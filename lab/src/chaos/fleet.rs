@@ -216,6 +216,32 @@ impl Servers {
         .await?
     }
 
+    /// SIGSTOPs node `index` of the NATS cluster for `frozen`, then SIGCONTs it; returns its name.
+    pub(super) async fn freeze_nats_node(
+        &self,
+        index: usize,
+        frozen: Duration,
+    ) -> anyhow::Result<String> {
+        let nats = self.nats.clone();
+        tokio::task::spawn_blocking(move || {
+            let nats = nats.lock().unwrap_or_else(|e| e.into_inner());
+            let Nats::Cluster(cluster) = &*nats else {
+                anyhow::bail!("nats_node_freeze needs --cluster");
+            };
+            let index = index % cluster.size();
+            let name = format!(
+                "{} (port {})",
+                cluster.name(index),
+                cluster.node(index).port()
+            );
+            cluster.freeze(index)?;
+            std::thread::sleep(frozen);
+            cluster.thaw(index)?;
+            Ok(name)
+        })
+        .await?
+    }
+
     /// The nats-server process ids, of those that run.
     pub(super) fn nats_pids(&self) -> Vec<u32> {
         self.nats_pids
