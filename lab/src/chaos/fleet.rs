@@ -480,14 +480,15 @@ impl Fleet {
                 )?;
                 continue;
             }
-            // One instance per partition, as a scaled-out deployment runs them.
+            // As many instances as partitions, sharing them through leases (no list: each takes its
+            // share, and a killed or frozen one's partitions move to the other).
             for partition in 0..partitions {
                 let mut args = projection_args.clone();
                 args.extend([
                     "--partitions".to_owned(),
                     partitions.to_string(),
-                    "--partition".to_owned(),
-                    partition.to_string(),
+                    "--lease-time".to_owned(),
+                    "3s".to_owned(),
                 ]);
                 add(
                     &format!("{projection}-p{partition}"),

@@ -66,9 +66,11 @@ pub(crate) struct ChaosArgs {
     #[arg(long, value_name = "DIR")]
     pub projection_binaries: Option<PathBuf>,
 
-    /// Run on a three-node NATS cluster with the stream in three replicas, each projection in two
-    /// partition instances (--partitions 2, one partition each), and add the nats_node_kill fault
-    /// (SIGKILL one node under load, restart it after a few seconds) to the schedule.
+    /// Run on a three-node NATS cluster with the stream in three replicas, each projection as two
+    /// instances sharing --partitions 2 through leases, and add the cluster's faults to the
+    /// schedule: nats_node_kill (SIGKILL one node under load, restart it after a few seconds),
+    /// nats_node_freeze (SIGSTOP one node past the election timeout, then SIGCONT) and
+    /// nats_step_down (the stream's leader steps down).
     #[arg(long)]
     pub cluster: bool,
 
