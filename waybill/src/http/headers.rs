@@ -5,9 +5,54 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use domain::OrderId;
 use store::CommandContext;
+use utoipa::IntoParams;
 use uuid::Uuid;
 
 use super::problem::Problem;
+
+/// The headers a command that creates an aggregate reads, for the OpenAPI document ([`context`]
+/// reads them).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(
+    dead_code,
+    reason = "parameters for the document: the handlers read a HeaderMap"
+)]
+pub(crate) struct CreateHeaders {
+    /// A retry with the same key and body returns the first result
+    #[param(
+        rename = "Idempotency-Key",
+        nullable = false,
+        min_length = 1,
+        max_length = 200
+    )]
+    idempotency_key: Option<String>,
+    #[param(rename = "X-Correlation-Id", nullable = false)]
+    correlation_id: Option<Uuid>,
+}
+
+/// The headers a command to an existing aggregate reads ([`if_match`] and [`context`]).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(
+    dead_code,
+    reason = "parameters for the document: the handlers read a HeaderMap"
+)]
+pub(crate) struct ChangeHeaders {
+    /// Apply only at this version (the ETag of a read)
+    #[param(rename = "If-Match", nullable = false)]
+    if_match: Option<String>,
+    /// A retry with the same key and body returns the first result
+    #[param(
+        rename = "Idempotency-Key",
+        nullable = false,
+        min_length = 1,
+        max_length = 200
+    )]
+    idempotency_key: Option<String>,
+    #[param(rename = "X-Correlation-Id", nullable = false)]
+    correlation_id: Option<Uuid>,
+}
 
 pub(crate) fn with_etag(mut response: Response, version: i64) -> Response {
     if let Ok(value) = HeaderValue::from_str(&format!("\"{version}\"")) {

@@ -3,8 +3,9 @@
 //! retries, `ETag`/`If-Match` optimistic locking, and RFC 9457 problem details.
 //!
 //! One module a job: `problem` (refusals and failures as problems), `body` (JSON bodies),
-//! `headers` (what a request says in its headers), `observe` (logs and metrics), and one module
-//! of routes per aggregate type (`orders`, `customers`).
+//! `headers` (what a request says in its headers), `observe` (logs and metrics), `schemas` (the
+//! document's schemas of bodies other crates build), and one module of routes per aggregate type
+//! (`orders`, `customers`). Each handler carries its OpenAPI operation; `routes` collects them.
 
 mod body;
 mod customers;
@@ -12,15 +13,17 @@ mod headers;
 mod observe;
 mod orders;
 mod problem;
+mod schemas;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use domain::Aggregate;
 use store::{CommandOutcome, EventStore};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 pub use body::Body;
 pub use problem::Problem;
@@ -32,19 +35,8 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// listener (`--metrics-listen`), apart from the public API.
 pub fn router(store: EventStore) -> Router {
     observe::describe_metrics();
-    Router::new()
-        .route("/orders", post(orders::place))
-        .route("/orders/{id}", get(orders::show))
-        .route("/orders/{id}/pay", post(orders::pay))
-        .route("/orders/{id}/cancel", post(orders::cancel))
-        .route("/orders/{id}/ship", post(orders::ship))
-        .route("/customers", post(customers::register))
-        .route("/customers/{customer_id}", get(customers::show))
-        .route("/customers/{customer_id}/rename", post(customers::rename))
-        .route(
-            "/openapi.json",
-            get(|| async { Json(crate::openapi::document()) }),
-        )
+    let (router, _) = routes().split_for_parts();
+    router
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not-found", "no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -56,6 +48,32 @@ pub fn router(store: EventStore) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(store)
         .layer(middleware::from_fn(observe::observe))
+}
+
+/// Every route with its operation: the router and the OpenAPI document's `paths` come from this one
+/// list, so a route cannot be served undocumented nor documented unserved.
+pub(crate) fn routes() -> OpenApiRouter<EventStore> {
+    OpenApiRouter::new()
+        .routes(routes!(orders::place))
+        .routes(routes!(orders::show))
+        .routes(routes!(orders::pay))
+        .routes(routes!(orders::cancel))
+        .routes(routes!(orders::ship))
+        .routes(routes!(customers::register))
+        .routes(routes!(customers::show))
+        .routes(routes!(customers::rename))
+        .routes(routes!(openapi_document))
+}
+
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    operation_id = "getOpenApiDocument",
+    summary = "This document",
+    responses((status = 200, description = "OpenAPI 3.1", body = inline(crate::openapi::DocumentShape))),
+)]
+async fn openapi_document() -> Json<&'static serde_json::Value> {
+    Json(crate::openapi::document())
 }
 
 /// The answer to a command: the aggregate's state, its `ETag`, the first event's id, and whether it

@@ -10,54 +10,121 @@ use domain::{
 };
 use serde::Deserialize;
 use store::{CommandError, EventStore};
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::body::{Body, is_json, not_json, parse_json, read_body};
-use super::headers::{context, if_match, order_id, with_etag};
-use super::problem::{Problem, command_problem, load_problem};
+use super::headers::{ChangeHeaders, CreateHeaders, context, if_match, order_id, with_etag};
+use super::problem::{PROBLEM_JSON, Problem, ProblemBody, command_problem, load_problem};
+use super::schemas::{BodyRefused, Faults, OrderView, Replayed};
 use super::{created, respond};
 
-#[derive(Debug, Deserialize)]
+// The schemas' bounds are the domain's (`Sku`, `Quantity`, `Cents`, `Currency`, `CustomerId`,
+// `Note`, `Order::MAX_LINES`); `openapi`'s tests check the numbers against its constants.
+
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PlaceRequest {
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,64}$")]
     customer_id: String,
+    #[schema(pattern = "^[A-Z]{3}$")]
     currency: String,
+    #[schema(min_items = 1, max_items = 500)]
     lines: Vec<LineRequest>,
     /// `web` when absent.
     #[serde(default)]
+    #[schema(schema_with = super::schemas::channel)]
     channel: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+// One line of an order, in a request and in the order shown.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = Line)]
 pub(crate) struct LineRequest {
+    #[schema(pattern = "^[A-Z0-9_-]{1,32}$")]
     sku: String,
+    #[schema(minimum = 1, maximum = 1_000_000)]
     quantity: i64,
+    #[schema(minimum = 1, maximum = 1_000_000_000_000_i64)]
     unit_price_cents: i64,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PayRequest {
+    #[schema(minimum = 1)]
     amount_cents: i64,
     #[serde(default)]
+    #[schema(max_length = 200)]
     payment_ref: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CancelRequest {
     #[serde(default)]
+    #[schema(max_length = 200)]
     reason: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ShipRequest {
+    #[schema(min_length = 1, max_length = 200)]
     carrier: String,
+    #[schema(min_length = 1, max_length = 200)]
     tracking_number: String,
 }
 
+/// The 200 of pay, cancel and ship.
+const CHANGED: &str = "The order after the command (also the answer to a retry with the same \
+                       Idempotency-Key, marked Idempotent-Replayed: true)";
+
+/// The answers of pay, cancel and ship besides the order.
+#[derive(utoipa::IntoResponses)]
+#[allow(
+    dead_code,
+    reason = "a list of responses for the document, never built"
+)]
+pub(crate) enum Refused {
+    /// Malformed body, order id, If-Match, Idempotency-Key or X-Correlation-Id
+    #[response(status = 400, content_type = "application/problem+json")]
+    Malformed(ProblemBody),
+    /// Unknown order
+    #[response(status = 404, content_type = "application/problem+json")]
+    NotFound(ProblemBody),
+    /// Illegal transition, or a race lost too often
+    #[response(status = 409, content_type = "application/problem+json")]
+    Conflict(ProblemBody),
+    /// If-Match names a version the order is no longer at, or is a weak tag
+    #[response(status = 412, content_type = "application/problem+json")]
+    Stale(ProblemBody),
+    /// A refused domain rule or invalid value, or an Idempotency-Key reused for another request
+    #[response(status = 422, content_type = "application/problem+json")]
+    Invalid(ProblemBody),
+}
+
+#[utoipa::path(
+    post,
+    path = "/orders",
+    operation_id = "placeOrder",
+    summary = "Place an order",
+    params(CreateHeaders),
+    request_body = PlaceRequest,
+    responses(
+        (status = 201, description = "The placed order (also the answer to a retry with the same Idempotency-Key, marked Idempotent-Replayed: true)", body = OrderView, headers(
+            ("ETag" = String, description = "The order's version as a strong entity tag (\"3\"), for If-Match"),
+            ("Location" = String, description = "The placed order: /orders/{id}"),
+            ("Event-Id" = Uuid, description = "The first event the command recorded (for a replay, the one the first request recorded)"),
+            ("Idempotent-Replayed" = inline(Replayed), description = "Present, as true, only on the answer to a retry with an Idempotency-Key already used for the same request; nothing was written"),
+        )),
+        (status = 400, description = "Malformed body, Idempotency-Key or X-Correlation-Id", body = ProblemBody, content_type = PROBLEM_JSON),
+        BodyRefused,
+        (status = 422, description = "A refused domain rule or invalid value, or an Idempotency-Key reused for another request", body = ProblemBody, content_type = PROBLEM_JSON),
+        Faults,
+    )
+)]
 pub(crate) async fn place(
     State(store): State<EventStore>,
     headers: HeaderMap,
@@ -94,6 +161,21 @@ pub(crate) async fn place(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/orders/{id}",
+    operation_id = "getOrder",
+    summary = "Read an order as folded from its events",
+    params(("id" = Uuid, Path)),
+    responses(
+        (status = 200, description = "The order", body = OrderView, headers(
+            ("ETag" = String, description = "The order's version as a strong entity tag (\"3\"), for If-Match"),
+        )),
+        (status = 400, description = "Malformed order id", body = ProblemBody, content_type = PROBLEM_JSON),
+        (status = 404, description = "Unknown order", body = ProblemBody, content_type = PROBLEM_JSON),
+        Faults,
+    )
+)]
 pub(crate) async fn show(
     State(store): State<EventStore>,
     Path(id): Path<String>,
@@ -115,6 +197,24 @@ pub(crate) async fn show(
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/orders/{id}/pay",
+    operation_id = "payOrder",
+    summary = "Pay an order; the amount must equal the total",
+    params(("id" = Uuid, Path), ChangeHeaders),
+    request_body = PayRequest,
+    responses(
+        (status = 200, description = CHANGED, body = OrderView, headers(
+            ("ETag" = String, description = "The order's version as a strong entity tag (\"3\"), for If-Match"),
+            ("Event-Id" = Uuid, description = "The first event the command recorded (for a replay, the one the first request recorded)"),
+            ("Idempotent-Replayed" = inline(Replayed), description = "Present, as true, only on the answer to a retry with an Idempotency-Key already used for the same request; nothing was written"),
+        )),
+        Refused,
+        BodyRefused,
+        Faults,
+    )
+)]
 pub(crate) async fn pay(
     store: State<EventStore>,
     Path(id): Path<String>,
@@ -128,6 +228,24 @@ pub(crate) async fn pay(
     change(store, &id, &headers, command).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/orders/{id}/cancel",
+    operation_id = "cancelOrder",
+    summary = "Cancel a placed or paid order (a refund if paid)",
+    params(("id" = Uuid, Path), ChangeHeaders),
+    request_body = Option<CancelRequest>,
+    responses(
+        (status = 200, description = CHANGED, body = OrderView, headers(
+            ("ETag" = String, description = "The order's version as a strong entity tag (\"3\"), for If-Match"),
+            ("Event-Id" = Uuid, description = "The first event the command recorded (for a replay, the one the first request recorded)"),
+            ("Idempotent-Replayed" = inline(Replayed), description = "Present, as true, only on the answer to a retry with an Idempotency-Key already used for the same request; nothing was written"),
+        )),
+        Refused,
+        BodyRefused,
+        Faults,
+    )
+)]
 /// The body is optional here: an empty one cancels without a reason; any other must be JSON.
 pub(crate) async fn cancel(
     store: State<EventStore>,
@@ -152,6 +270,24 @@ pub(crate) async fn cancel(
     change(store, &id, &headers, command).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/orders/{id}/ship",
+    operation_id = "shipOrder",
+    summary = "Ship a paid order",
+    params(("id" = Uuid, Path), ChangeHeaders),
+    request_body = ShipRequest,
+    responses(
+        (status = 200, description = CHANGED, body = OrderView, headers(
+            ("ETag" = String, description = "The order's version as a strong entity tag (\"3\"), for If-Match"),
+            ("Event-Id" = Uuid, description = "The first event the command recorded (for a replay, the one the first request recorded)"),
+            ("Idempotent-Replayed" = inline(Replayed), description = "Present, as true, only on the answer to a retry with an Idempotency-Key already used for the same request; nothing was written"),
+        )),
+        Refused,
+        BodyRefused,
+        Faults,
+    )
+)]
 pub(crate) async fn ship(
     store: State<EventStore>,
     Path(id): Path<String>,

@@ -6,8 +6,12 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use domain::{Aggregate, DecodeError, DomainError, Order, Refusal, UpcastError, ValueError};
-use serde_json::json;
+use serde::Serialize;
 use store::{AppendError, CommandError, LoadError};
+use utoipa::ToSchema;
+
+/// The media type of every problem.
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An RFC 9457 problem: `application/problem+json` with a type, a title, the status and a detail.
 #[derive(Debug)]
@@ -35,19 +39,34 @@ impl Problem {
     }
 }
 
+// The body of a `Problem`, as sent and as the OpenAPI document describes it (a comment: utoipa would
+// make a doc comment the schema's description).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Problem)]
+pub(crate) struct ProblemBody {
+    /// `urn:waybill:problem:` and the kind, e.g. `urn:waybill:problem:order-not-found`.
+    #[serde(rename = "type")]
+    kind: String,
+    /// The status's reason phrase.
+    title: &'static str,
+    #[schema(minimum = 400, maximum = 599)]
+    status: u16,
+    /// What went wrong, in words.
+    detail: String,
+}
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = json!({
-            "type": format!("urn:waybill:problem:{}", self.kind),
-            "title": self.status.canonical_reason().unwrap_or("error"),
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
+        let body = ProblemBody {
+            kind: format!("urn:waybill:problem:{}", self.kind),
+            title: self.status.canonical_reason().unwrap_or("error"),
+            status: self.status.as_u16(),
+            detail: self.detail,
+        };
         let mut response = (self.status, Json(body)).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(seconds) = self.retry_after {
             response
                 .headers_mut()
