@@ -164,8 +164,8 @@ accounts {{
                 ]);
             }
             // The partition leases (`lease.rs`): the projection's own key-value bucket.
-            let kv = format!("KV_{}", crate::lease::bucket_name(stream, name));
             let bucket = crate::lease::bucket_name(stream, name);
+            let kv = format!("KV_{bucket}");
             subjects.extend([
                 format!("$KV.{bucket}.>"),
                 format!("$JS.API.STREAM.INFO.{kv}"),

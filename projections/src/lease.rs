@@ -61,19 +61,8 @@ pub struct LeaseSettings {
 impl LeaseSettings {
     /// The settings of projection `projection` on stream `stream`, for this process.
     pub fn new(stream: &str, projection: &str, count: u32, lease_time: Duration) -> Self {
-        let clean = |text: &str| {
-            text.chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect::<String>()
-        };
         Self {
-            bucket: format!("{}_leases_{}", clean(stream), clean(projection)),
+            bucket: bucket_name(stream, projection),
             lease_time,
             count,
             instance: instance_id(),
@@ -108,7 +97,18 @@ pub fn instance_id() -> String {
 /// The lease bucket's name for projection `projection` on stream `stream` (only letters, digits,
 /// `_` and `-`, as bucket names must be).
 pub fn bucket_name(stream: &str, projection: &str) -> String {
-    LeaseSettings::new(stream, projection, 1, DEFAULT_LEASE_TIME).bucket
+    let clean = |text: &str| {
+        text.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect::<String>()
+    };
+    format!("{}_leases_{}", clean(stream), clean(projection))
 }
 
 /// Opens the lease bucket, creating it when missing.
