@@ -350,10 +350,9 @@ mod tests {
                 .all(|&p| p >= LOWEST_PORT && p < floor.max(LOWEST_PORT + 1_000)),
             "{ports:?} (ephemeral range from {floor})"
         );
-        for port in &ports {
-            TcpListener::bind((Ipv4Addr::LOCALHOST, *port)).expect("free again once released");
-        }
-        // Free again, yet never handed out again: their servers may not have started yet.
+        // Released (their listeners dropped), yet never handed out again: their servers may not have
+        // started yet. Whether each is free again is not asserted: the servers of the tests running
+        // beside this one draw from the same range, and any process on the machine may bind one.
         let later: Vec<u16> = (0..400).map(|_| free_port().expect("port")).collect();
         assert!(
             later.iter().all(|p| !ports.contains(p)),
