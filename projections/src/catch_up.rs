@@ -25,7 +25,8 @@ use crate::handover::HandoverError;
 use crate::history::{HistoryError, Snapshot};
 use crate::metrics;
 use crate::projection::Projection;
-use crate::runner::{Runner, Tally};
+use crate::runner::Runner;
+use crate::tally::Tally;
 
 /// Why a consumer could not be made ready to consume.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +114,14 @@ pub(crate) fn lost_from(info: &consumer::Info, state: &stream::State) -> Option<
 }
 
 impl<P: Projection> Runner<P> {
+    /// The projection's durable consumer (its first owned partition's), made ready as `run` makes
+    /// it: created when missing (after catching up from the event store), moved where a rebuild
+    /// left it, checked (see `Runner::open_consumer`).
+    pub async fn consumer(&self) -> Result<PullConsumer, StartError> {
+        let first = self.config.partitions.owned()[0];
+        self.partition_consumer_ready(first).await
+    }
+
     /// Makes the consumers of `partitions` ready: completes a rebuild's recorded handover, then starts
     /// every consumer that is missing or behind the stream's first message from the event store (all
     /// of them in one pass over it) or, failing that, from the stream. Returns what the catch-up

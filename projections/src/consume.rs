@@ -18,8 +18,9 @@ use crate::metrics;
 use crate::park::{self, ParkRecord};
 use crate::plan::Verdict;
 use crate::projection::{Projection, reads};
-use crate::runner::{Runner, Tally};
+use crate::runner::Runner;
 use crate::schema::SchemaError;
+use crate::tally::Tally;
 
 /// Why consuming stopped. A failing database does not stop it: its messages stay on the broker.
 #[derive(Debug, thiserror::Error)]

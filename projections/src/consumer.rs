@@ -157,14 +157,6 @@ impl<P: Projection> Runner<P> {
         Ok(info.state.clone())
     }
 
-    /// The projection's durable consumer (its first owned partition's), made ready as `run` makes
-    /// it: created when missing (after catching up from the event store), moved where a rebuild
-    /// left it, checked (see `Runner::open_consumer`).
-    pub async fn consumer(&self) -> Result<PullConsumer, crate::catch_up::StartError> {
-        let first = self.config.partitions.owned()[0];
-        self.partition_consumer_ready(first).await
-    }
-
     /// Existing consumer `name`, checked against what the projection needs (`None`: there is none).
     /// A setting the server can change on an existing consumer (redelivery limit, ack wait,
     /// inactivity threshold, ack-pending limit, headers only, backoff, pull request limits) is

@@ -1,52 +1,23 @@
 //! The held table: events that arrived before their predecessor, put there and taken out again by
 //! the runner's transaction; and seen from outside — which events wait, since when and for what (a
-//! version that never came, or one that is parked), how many and how old, and the operator's way out,
-//! `held release`, which skips the missing versions of one order deliberately and applies what waited
-//! behind them.
+//! version that never came, or one that is parked), how many and how old. The operator's way out,
+//! `held release`, is an operator action (`actions.rs`).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::apply::{ApplyError, OnPoison, decide_and_apply};
 use crate::decode::{Decoded, Poison, RawMessage};
-use crate::park::{self, ParkRecord, record_action};
-use crate::projection::Projection;
-use crate::runner::Runner;
+use crate::park::{self, ParkRecord};
 
-/// Why reading the held table or releasing an order failed.
+/// Why reading the held table failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HeldError {
     #[error("listing held events")]
     List(#[source] sqlx::Error),
     #[error("measuring the held table")]
     Stats(#[source] sqlx::Error),
-    /// The operator's release was refused; nothing changed (exit code 2).
-    #[error("releasing order {aggregate_id}")]
-    ReleaseRefused {
-        /// The order.
-        aggregate_id: Uuid,
-        #[source]
-        source: ops::Refused,
-    },
-    /// The release's reading or recording failed.
-    #[error("releasing order {aggregate_id}")]
-    Release {
-        /// The order.
-        aggregate_id: Uuid,
-        #[source]
-        source: sqlx::Error,
-    },
-    /// The events held behind the skipped versions could not be applied.
-    #[error("applying the events held for order {aggregate_id}")]
-    Apply {
-        /// The order.
-        aggregate_id: Uuid,
-        #[source]
-        source: ApplyError,
-    },
 }
 
 /// A held row taken out of the held table to be applied (or found stale).
@@ -216,99 +187,4 @@ pub async fn stats(pool: &PgPool) -> Result<HeldStats, HeldError> {
     .fetch_one(pool)
     .await
     .map_err(HeldError::Stats)
-}
-
-impl<P: Projection> Runner<P> {
-    /// Skips the missing versions of `aggregate_id` deliberately: its checkpoint moves to just below
-    /// its lowest held version, and every held event that then follows is applied, in one transaction.
-    /// Recorded with who, when and why.
-    pub async fn release(
-        &self,
-        aggregate_id: Uuid,
-        actor: &str,
-        reason: &str,
-    ) -> Result<Value, HeldError> {
-        let refused = |message: &str| HeldError::ReleaseRefused {
-            aggregate_id,
-            source: ops::Refused::new(message),
-        };
-        let failed = |source| HeldError::Release {
-            aggregate_id,
-            source,
-        };
-        if reason.trim().is_empty() {
-            return Err(refused("a release needs a --reason"));
-        }
-        let mut tx = self.pool.begin().await.map_err(failed)?;
-        self.lock(&mut tx).await.map_err(failed)?;
-        let lowest: Option<i64> =
-            sqlx::query_scalar("SELECT min(version) FROM held WHERE aggregate_id = $1")
-                .bind(aggregate_id)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(failed)?;
-        let Some(lowest) = lowest else {
-            return Err(refused("nothing is held for it"));
-        };
-        let checkpoint: i64 = sqlx::query_scalar(
-            "SELECT coalesce(max(version), 0) FROM checkpoints WHERE aggregate_id = $1",
-        )
-        .bind(aggregate_id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(failed)?;
-        let skipped_to = (lowest - 1).max(checkpoint);
-        decide_and_apply(
-            &mut tx,
-            &*self.projection,
-            &self.upcasters,
-            &[],
-            Some((aggregate_id, skipped_to)),
-            OnPoison::Park,
-        )
-        .await
-        .map_err(|source| HeldError::Apply {
-            aggregate_id,
-            source,
-        })?;
-        let version: i64 =
-            sqlx::query_scalar("SELECT version FROM checkpoints WHERE aggregate_id = $1")
-                .bind(aggregate_id)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(failed)?;
-        let still_held: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM held WHERE aggregate_id = $1")
-                .bind(aggregate_id)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(failed)?;
-        let detail = json!({
-            "skipped_versions": [checkpoint + 1, skipped_to],
-            "applied_through": version,
-            "still_held": still_held,
-        });
-        record_action(
-            &mut tx,
-            actor,
-            "held release",
-            &aggregate_id.to_string(),
-            reason,
-            &detail,
-        )
-        .await
-        .map_err(failed)?;
-        tx.commit().await.map_err(failed)?;
-        tracing::info!(projection = P::NAME, %aggregate_id, actor, reason, skipped_from = checkpoint + 1,
-                       skipped_to, applied_through = version, still_held, "held order released");
-        Ok(json!({
-            "aggregate_id": aggregate_id,
-            "by": actor,
-            "reason": reason,
-            "skipped_from": checkpoint + 1,
-            "skipped_to": skipped_to,
-            "applied_through": version,
-            "still_held": still_held,
-        }))
-    }
 }

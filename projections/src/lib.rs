@@ -4,6 +4,7 @@
 //! event exactly once in effect and in per-aggregate order.
 
 pub mod accounts;
+mod actions;
 mod apply;
 mod blame;
 mod catch_up;
@@ -33,7 +34,9 @@ pub mod registry;
 pub mod runner;
 pub mod schema;
 pub mod search;
+mod tally;
 
+pub use actions::{DiscardError, RedriveError, RedriveRequest, Redriven, ReleaseError};
 pub use apply::ApplyError;
 pub use catch_up::StartError;
 pub use consume::RunError;
@@ -43,12 +46,13 @@ pub use handover::HandoverError;
 pub use held::HeldError;
 pub use history::HistoryError;
 pub use inventory::Inventory;
-pub use park::{ParkError, ParkedError, RedriveRequest};
+pub use park::{ParkError, ParkedError};
 pub use partition::{PartitionError, Partitions};
 pub use plan::Verdict;
 pub use points::Points;
 pub use projection::Projection;
 pub use rebuild::RebuildError;
-pub use runner::{ConnectError, FailPoint, Runner, RunnerConfig, Tally};
+pub use runner::{ConnectError, FailPoint, Runner, RunnerConfig};
 pub use schema::SchemaError;
 pub use search::Search;
+pub use tally::Tally;

@@ -9,7 +9,7 @@ use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
 
-use crate::runner::Tally;
+use crate::tally::Tally;
 
 /// Registers descriptions, so a scrape explains every series.
 pub fn describe() {

@@ -11,7 +11,7 @@ use clap::Subcommand;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::kit::{Kit, ReadModel};
+use crate::kit::{BoxFuture, Kit, Model, ReadModel};
 
 /// The read commands of a model.
 #[derive(Debug, Subcommand)]
@@ -122,6 +122,75 @@ pub fn first_difference(expected: &Value, actual: &Value, path: &str) -> Option<
             if path.is_empty() { "." } else { path }
         )),
     }
+}
+
+/// A registered model (what [`crate::register_model!`] makes).
+#[derive(Debug)]
+pub struct Entry<M>(pub M);
+
+impl<M: ReadModel + Clone> Model for Entry<M> {
+    fn name(&self) -> &'static str {
+        M::NAME
+    }
+
+    fn about(&self) -> &'static str {
+        M::ABOUT
+    }
+
+    fn aggregates(&self) -> &'static [&'static str] {
+        M::AGGREGATES
+    }
+
+    fn tables(&self) -> &'static str {
+        M::TABLES
+    }
+
+    fn main(&self, args: Vec<String>) -> BoxFuture<'static, std::process::ExitCode> {
+        let model = self.0.clone();
+        Box::pin(async move { crate::model_cli::model_main(model, args).await })
+    }
+
+    fn read<'a>(&'a self, database_url: &'a str) -> BoxFuture<'a, anyhow::Result<Value>> {
+        Box::pin(async move {
+            let pool = crate::schema::connect(database_url, M::NAME, M::TABLES).await?;
+            let read = self.0.read(&pool).await;
+            pool.close().await;
+            Ok(read?)
+        })
+    }
+
+    fn read_from<'a>(&'a self, pool: &'a PgPool) -> BoxFuture<'a, anyhow::Result<Value>> {
+        Box::pin(async move {
+            crate::schema::check_name(M::NAME)?;
+            let options = (*pool.connect_options())
+                .clone()
+                .options([("search_path", format!("{},public", M::NAME))]);
+            let reader = ops::database::pool_options(1).connect_with(options).await?;
+            let read = self.0.read(&reader).await;
+            reader.close().await;
+            Ok(read?)
+        })
+    }
+
+    fn expected<'a>(&'a self, database_url: &'a str) -> BoxFuture<'a, anyhow::Result<Value>> {
+        Box::pin(async move {
+            let pool = crate::schema::connect(database_url, M::NAME, M::TABLES).await?;
+            let expected = crate::model_cli::expected(&self.0, &pool).await;
+            pool.close().await;
+            expected
+        })
+    }
+}
+
+/// Registers the model `$model` (a unit struct implementing [`ReadModel`] and `Clone`), at the
+/// end of its file in `projections/src/models/`: the registry, the console, the demo and chaos then
+/// know it, and `waybill-projection <name>` runs it.
+#[macro_export]
+macro_rules! register_model {
+    ($model:ident) => {
+        /// This file's model, as the registry holds it.
+        pub static MODEL: $crate::model_cli::Entry<$model> = $crate::model_cli::Entry($model);
+    };
 }
 
 #[cfg(test)]

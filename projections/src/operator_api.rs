@@ -22,9 +22,8 @@ use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::held::HeldError;
+use crate::actions::{DiscardError, RedriveRequest, ReleaseError};
 use crate::http::{Problem, checked};
-use crate::park::{ParkedError, RedriveRequest};
 use crate::projection::Projection;
 use crate::runner::Runner;
 
@@ -141,7 +140,7 @@ async fn discard<P: Projection>(
         .await
     {
         Ok(done) => Ok(Json(done).into_response()),
-        Err(error @ ParkedError::DiscardRefused { .. }) => {
+        Err(error @ DiscardError::Refused { .. }) => {
             Err(Problem::conflict(ops::error_chain(&error)))
         }
         Err(error) => Err(Problem::unavailable("the discard", &error)),
@@ -163,7 +162,7 @@ async fn release<P: Projection>(
         .await
     {
         Ok(done) => Ok(Json(done).into_response()),
-        Err(error @ HeldError::ReleaseRefused { .. }) => {
+        Err(error @ ReleaseError::Refused { .. }) => {
             Err(Problem::conflict(ops::error_chain(&error)))
         }
         Err(error) => Err(Problem::unavailable("the release", &error)),

@@ -16,8 +16,9 @@ use crate::consume::RunError;
 use crate::consumer::BrokerError;
 use crate::handover::{self, HandoverError};
 use crate::projection::Projection;
-use crate::runner::{Runner, Tally};
+use crate::runner::Runner;
 use crate::schema::{self, SchemaError};
+use crate::tally::Tally;
 
 /// Why a rebuild or a reset failed. A failed rebuild leaves the old state and consumers in place (but
 /// see [`RebuildError::Handover`]).

@@ -1,9 +1,18 @@
-//! The one runner every projection shares: its settings, its connections, and a batch applied in ONE
-//! transaction (`apply.rs`). The rest of it lives beside: the durable consumer in `consumer.rs`,
-//! the message loop in `consume.rs`, where consumers start (the catch-up from the event store) in
-//! `catch_up.rs` and `history.rs`, the checkpoint verdict in `checkpoint.rs` and `plan.rs`, parking
-//! in `park.rs`, the held table in `held.rs`, blue/green rebuilds in `rebuild.rs` with their
-//! handover in `handover.rs` and the operator's decisions they keep in `discards.rs`.
+//! The one runner every projection shares: its settings and its connections. A message goes through
+//! one pipeline, each stage a module that calls only the stages after it:
+//!
+//! ```text
+//! consume ─▶ decode ─▶ apply (ONE transaction) ─────────────────────────▶ ack / term / nak
+//!  (pull,     (bytes →   ├─ plan + checkpoint: duplicate, next, or gap       (consume, after
+//!   route)     event)    ├─ held: gaps wait here      park: poison here       the commit)
+//!                        └─ the projection's own tables, checkpoints moved
+//! ```
+//!
+//! Before it, when `consume` starts a partition: the durable consumer (`consumer`), the catch-up from
+//! the event store (`catch_up` through `history`), the handover a rebuild left (`handover`), and the
+//! partition leases (`lease`). Above it, calling it and never called by it: blue/green `rebuild`,
+//! the operator's `actions` (release, discard, redrive: they re-enter `apply` like a delivery), the
+//! `cli` and the `operator_api`. Every stage counts into `tally` and `metrics`, which call none.
 //!
 //! Exactly once in effect: a version at or below the checkpoint is a duplicate (acked, not applied);
 //! the next version is applied and moves the checkpoint in the same transaction; a later version is
@@ -15,7 +24,6 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use domain::Upcasters;
-use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 
 use crate::apply::{ApplyError, OnPoison, decide_and_apply};
@@ -24,6 +32,7 @@ use crate::partition::Partitions;
 use crate::plan::Verdict;
 use crate::projection::Projection;
 use crate::schema::{self, SchemaError};
+pub use crate::tally::Tally;
 
 /// Why a runner could not connect.
 #[derive(Debug, thiserror::Error)]
@@ -115,62 +124,6 @@ pub enum FailPoint {
     /// Abort the process while a rebuild's handover moves the live consumers, after the first.
     #[cfg(feature = "fault-injection")]
     AbortAfterFirstConsumerMoved,
-}
-
-/// Counts over a batch or a run.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Tally {
-    /// Messages seen.
-    pub messages: u64,
-    /// Applied straight from the delivery.
-    pub applied: u64,
-    /// Duplicates absorbed.
-    pub duplicates: u64,
-    /// Kept in the held table for a missing predecessor.
-    pub held: u64,
-    /// Poison parked.
-    pub parked: u64,
-    /// Other partitions' messages, acked without being applied (not among `messages`; only with
-    /// several partitions, and only then in the JSON).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub skipped: u64,
-    /// Messages of aggregate types the projection does not read, acked unread (not among
-    /// `messages`; only in the JSON when there were some).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub other_types: u64,
-    /// Of `messages`, the events read from the event store's `events` table by a catch-up rather
-    /// than delivered by the stream (only in the JSON when there were some).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub from_store: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-impl Tally {
-    pub(crate) fn count(&mut self, verdicts: &[Verdict]) {
-        for verdict in verdicts {
-            self.messages += 1;
-            match verdict {
-                Verdict::Applied => self.applied += 1,
-                Verdict::Duplicate => self.duplicates += 1,
-                Verdict::Held => self.held += 1,
-                Verdict::Parked => self.parked += 1,
-            }
-        }
-    }
-
-    pub(crate) fn merge(&mut self, other: &Tally) {
-        self.messages += other.messages;
-        self.applied += other.applied;
-        self.duplicates += other.duplicates;
-        self.held += other.held;
-        self.parked += other.parked;
-        self.skipped += other.skipped;
-        self.other_types += other.other_types;
-        self.from_store += other.from_store;
-    }
 }
 
 /// The consumer runner for projection `P`.

@@ -4,6 +4,11 @@
 
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
+use crate::inventory::Inventory;
+use crate::points::Points;
+use crate::projection::Projection;
+use crate::search::Search;
+
 /// Why a projection's schema could not be opened, checked, created, dropped or swapped.
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
@@ -255,14 +260,13 @@ pub async fn replace(tx: &mut PgConnection, from: &str, to: &str) -> Result<(), 
 pub const CONSOLE_ROLE: &str = "waybill_console";
 
 /// Grants the console the reading of the runner tables (inside [`create`]'s transaction, whose
-/// search path is the schema) and, in a read model's schema (`tables` are a model's of the registry),
+/// search path is the schema) and, in a read model's schema (any `tables` but a built-in projection's),
 /// of every table: the console shows a model's document. A built-in projection's own tables stay
 /// unreadable to it. A login that does not own the schema gets a warning, not a failure to start: the
 /// console then says it may not read them.
 fn console_grants(schema: &str, tables: &str) -> String {
-    let model = crate::registry::MODELS
-        .iter()
-        .any(|model| model.tables() == tables);
+    let built_in = [Inventory::TABLES, Points::TABLES, Search::TABLES].contains(&tables);
+    let model = !built_in;
     let model_tables = if model {
         format!("GRANT SELECT ON ALL TABLES IN SCHEMA \"{schema}\" TO {CONSOLE_ROLE};")
     } else {

@@ -17,6 +17,7 @@ pub mod publish;
 pub mod repair;
 mod run;
 pub mod step;
+mod step_report;
 pub mod stream;
 pub mod verify;
 

@@ -8,7 +8,7 @@ use metrics::{
 };
 
 use crate::admin::OutboxStatus;
-use crate::step::StepReport;
+use crate::step_report::StepReport;
 
 /// Registers descriptions, so a scrape explains every series.
 pub fn describe() {
@@ -148,11 +148,11 @@ pub fn record_lost_claim() {
     counter!("waybill_relay_lost_claims_total").increment(1);
 }
 
-/// Where this relay's lanes sit among the relays sharing the outbox (`None`: it holds no slot and
-/// claims as if alone).
-pub fn record_seat(seat: Option<crate::peers::Seat>) {
-    gauge!("waybill_relay_peers").set(seat.map_or(0.0, |s| f64::from(s.relays)));
-    gauge!("waybill_relay_lanes_in_all").set(seat.map_or(0.0, |s| f64::from(s.total)));
+/// How many relays share the outbox and their lanes in all (both 0 while this relay holds no slot
+/// and claims as if alone).
+pub fn record_seat(relays: u32, lanes_in_all: u32) {
+    gauge!("waybill_relay_peers").set(f64::from(relays));
+    gauge!("waybill_relay_lanes_in_all").set(f64::from(lanes_in_all));
 }
 
 /// Publishes the outbox gauges.

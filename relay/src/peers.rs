@@ -170,7 +170,7 @@ impl Member {
                     tracing::info!("this relay holds no slot; its lanes claim as if it ran alone")
                 }
             }
-            crate::metrics::record_seat(seat);
+            crate::metrics::record_seat(seat.map_or(0, |s| s.relays), seat.map_or(0, |s| s.total));
             self.last = seat;
         }
         seat

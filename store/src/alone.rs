@@ -5,8 +5,8 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::append::Part;
 use crate::backend::{Backend, SettleError};
+use crate::outbox::Part;
 use crate::outbox::insert_events;
 
 /// Why an insert wrote nothing — or may have written.

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::alone::{self, Unwritten, is_lock_timeout};
 use crate::group_commit::GroupCommit;
-use crate::outbox::insert_events;
+use crate::outbox::{Part, insert_events};
 
 /// Extra facts recorded with an append.
 #[derive(Debug, Clone, Default)]
@@ -167,28 +167,6 @@ fn check_batch(
         }
     }
     Ok(())
-}
-
-/// One aggregate's checked run of events, with what the statement writes beside them.
-pub(crate) struct Part<'a> {
-    /// The version the run continues from; 0 for a new aggregate.
-    pub expected_version: i64,
-    pub events: &'a [EventEnvelope],
-    pub traceparent: Option<&'a str>,
-}
-
-impl<'a> Part<'a> {
-    pub(crate) fn new(
-        expected_version: i64,
-        events: &'a [EventEnvelope],
-        traceparent: Option<&'a str>,
-    ) -> Self {
-        Self {
-            expected_version,
-            events,
-            traceparent,
-        }
-    }
 }
 
 /// Writes `part` in one transaction with the record of `key`, rolled back together when the

@@ -21,10 +21,11 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::alone::{self, Unwritten, is_lock_timeout};
-use crate::append::Part;
 use crate::backend::Backend;
 use crate::lanes::Lanes;
+use crate::outbox::Part;
 use crate::outbox::insert_events;
+use crate::pending::Pending;
 
 /// At most this many appends go in one statement.
 const MAX_GROUP: usize = 128;
@@ -55,28 +56,6 @@ impl Default for GroupCommitSettings {
             writers: GroupCommit::DEFAULT_WRITERS.into(),
             lock_wait: GroupCommit::DEFAULT_LOCK_WAIT,
         }
-    }
-}
-
-/// One append waiting for a writer.
-#[derive(Debug)]
-pub(crate) struct Pending {
-    pub aggregate_id: Uuid,
-    expected_version: i64,
-    events: Vec<EventEnvelope>,
-    traceparent: Option<String>,
-    /// How many of the append's events were written: all, or none when the aggregate was not at the
-    /// expected version.
-    pub done: oneshot::Sender<Result<u64, Unwritten>>,
-}
-
-impl Pending {
-    pub(crate) fn part(&self) -> Part<'_> {
-        Part::new(
-            self.expected_version,
-            &self.events,
-            self.traceparent.as_deref(),
-        )
     }
 }
 

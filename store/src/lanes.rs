@@ -18,7 +18,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::alone::{self, Unwritten};
-use crate::group_commit::Pending;
+use crate::pending::Pending;
 
 /// How long an aggregate whose lone write ran out of lock timeout stays out of the groups. Wrongly
 /// remembering costs little (its next appends are written alone, not grouped); forgetting too soon

@@ -13,6 +13,7 @@ mod lanes;
 mod load;
 mod notify;
 pub mod outbox;
+mod pending;
 pub mod roles;
 
 pub use append::{AppendError, AppendOptions, AppendResult, append};

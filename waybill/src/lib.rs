@@ -2,4 +2,3 @@
 //! both run it, so the demo need not link the rest of the command-line program.
 
 pub mod http;
-pub mod openapi;

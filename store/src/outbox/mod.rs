@@ -19,10 +19,9 @@ pub mod relaying;
 
 use std::fmt;
 
+use domain::EventEnvelope;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
-
-use crate::append::Part;
 
 /// The delivery table: one row per event to publish.
 pub const TABLE: &str = "outbox";
@@ -426,5 +425,27 @@ pub mod fixtures {
                 .fetch_all(pool)
                 .await?;
         Ok(rows.into_iter().collect())
+    }
+}
+
+/// One aggregate's checked run of events, with what the statement writes beside them.
+pub(crate) struct Part<'a> {
+    /// The version the run continues from; 0 for a new aggregate.
+    pub expected_version: i64,
+    pub events: &'a [EventEnvelope],
+    pub traceparent: Option<&'a str>,
+}
+
+impl<'a> Part<'a> {
+    pub(crate) fn new(
+        expected_version: i64,
+        events: &'a [EventEnvelope],
+        traceparent: Option<&'a str>,
+    ) -> Self {
+        Self {
+            expected_version,
+            events,
+            traceparent,
+        }
     }
 }

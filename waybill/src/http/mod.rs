@@ -11,6 +11,7 @@ mod body;
 mod customers;
 mod headers;
 mod observe;
+pub mod openapi;
 mod orders;
 mod problem;
 mod schemas;
@@ -70,10 +71,10 @@ pub(crate) fn routes() -> OpenApiRouter<EventStore> {
     path = "/openapi.json",
     operation_id = "getOpenApiDocument",
     summary = "This document",
-    responses((status = 200, description = "OpenAPI 3.1", body = inline(crate::openapi::DocumentShape))),
+    responses((status = 200, description = "OpenAPI 3.1", body = inline(openapi::DocumentShape))),
 )]
 async fn openapi_document() -> Json<&'static serde_json::Value> {
-    Json(crate::openapi::document())
+    Json(openapi::document())
 }
 
 /// The answer to a command: the aggregate's state, its `ETag`, the first event's id, and whether it
