@@ -11,7 +11,8 @@ use futures::StreamExt;
 use serde_json::json;
 use store::{EventStore, GroupCommit, OutboxNotifier};
 
-use crate::demo::scenario::{Api, Played, play_one};
+use crate::demo::scenario::{Played, play_one};
+use crate::http::{Http, Orders};
 
 /// `waybill load` options.
 #[derive(Debug, clap::Args)]
@@ -66,7 +67,7 @@ pub(crate) async fn run(database_url: &str, args: LoadArgs) -> anyhow::Result<()
             format!("http://{address}")
         }
     };
-    let api = Api::new(&base);
+    let api = Orders::new(&base, Http::default());
     let played = Arc::new(Played::default());
     let bar = indicatif::ProgressBar::new(args.orders as u64);
     bar.set_style(

@@ -5,7 +5,9 @@
 mod bench;
 mod chaos;
 mod demo;
+mod http;
 mod load;
+mod process;
 
 use std::process::ExitCode;
 

@@ -13,12 +13,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
+use serde_json::json;
 use sqlx::PgPool;
 
 use super::usage::{Sampler, Usage, Watched, nats_pids};
 use super::{Profile, Progress};
 use crate::demo::fleet::{Fleet, Wiring};
 use crate::demo::services::Services;
+use crate::http::{self, Http, Orders};
 
 const DATABASE: &str = "waybill_bench_pipeline";
 const STREAM: &str = "BENCH_PIPELINE";
@@ -103,11 +105,7 @@ pub(super) async fn measure(
     ));
     let sampler = Sampler::start(pool.clone(), watched);
     let load = Load {
-        client: reqwest::Client::builder()
-            .pool_max_idle_per_host(MAX_IN_FLIGHT)
-            .timeout(Duration::from_secs(30))
-            .build()?,
-        api: fleet.api.clone(),
+        orders: Orders::new(&fleet.api, Http::with_timeout(Duration::from_secs(30))),
         pool: pool.clone(),
     };
     let outcome = async {
@@ -183,8 +181,7 @@ fn describe(what: &str, step: &LoadStep) -> String {
 
 /// The load generator and the measurements it needs.
 struct Load {
-    client: reqwest::Client,
-    api: String,
+    orders: Orders,
     pool: PgPool,
 }
 
@@ -212,18 +209,18 @@ impl Load {
             let Ok(permit) = in_flight.clone().try_acquire_owned() else {
                 continue;
             };
-            let (client, url) = (self.client.clone(), format!("{}/orders", self.api));
+            let orders = self.orders.clone();
             let (accepted, failed) = (accepted.clone(), failed.clone());
             tasks.spawn(async move {
-                let body = serde_json::json!({
-                    "customer_id": format!("bench-{}", i % 1000),
-                    "currency": "EUR",
-                    "lines": [{"sku": format!("SKU-{}", i % 200), "quantity": 1 + i % 3,
-                               "unit_price_cents": 100 + i % 900}],
-                });
-                let outcome = match client.post(url).json(&body).send().await {
-                    Ok(response) if response.status() == reqwest::StatusCode::CREATED => None,
-                    Ok(response) => Some(response.status().as_u16().to_string()),
+                let line = http::line(
+                    &format!("SKU-{}", i % 200),
+                    i64::try_from(1 + i % 3).expect("at most 3"),
+                    i64::try_from(100 + i % 900).expect("below 1,000"),
+                );
+                let body = http::place(&format!("bench-{}", i % 1000), json!([line]));
+                let outcome = match orders.post("/orders", &body, None).await {
+                    Ok(answer) if answer.status == reqwest::StatusCode::CREATED => None,
+                    Ok(answer) => Some(answer.status.as_u16().to_string()),
                     Err(error) if error.is_timeout() => Some("timeout".to_owned()),
                     Err(error) if error.is_connect() => Some("refused".to_owned()),
                     Err(_) => Some("broken".to_owned()),

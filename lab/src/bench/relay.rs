@@ -16,8 +16,8 @@ use uuid::Uuid;
 
 use super::usage::{Sampler, Watched, nats_pids};
 use super::{Profile, Progress};
-use crate::demo::fleet::binary;
 use crate::demo::services::Services;
+use crate::process::{self, Launch, binary};
 
 const STREAM: &str = "BENCH_LAB_RELAY";
 const PREFIX: &str = "bench.lab.relay";
@@ -404,23 +404,45 @@ impl Fixture<'_> {
         let nats = nats_pids(self.nats_url);
         let relay = binary("waybill-relay")?;
         let started = Instant::now();
+        let logs = tempfile::Builder::new()
+            .prefix("waybill-bench-relays-")
+            .tempdir()?;
         let mut children = Vec::new();
         for i in 0..how.instances {
-            let mut command = tokio::process::Command::new(&relay);
-            command
-                .args(["run", "--once", "--no-provision", "--retention", "off"])
-                .args(["--database-url", self.url, "--nats-url", self.nats_url])
-                .args(["--stream", STREAM, "--subject-prefix", PREFIX])
-                .args(["--relay-id", &format!("bench-{i}")])
-                .env("RUST_LOG", "warn")
-                .stdout(std::process::Stdio::null())
-                .kill_on_drop(true);
+            let name = format!("bench-{i}");
+            let mut args: Vec<String> = [
+                "run",
+                "--once",
+                "--no-provision",
+                "--retention",
+                "off",
+                "--database-url",
+                self.url,
+                "--nats-url",
+                self.nats_url,
+                "--stream",
+                STREAM,
+                "--subject-prefix",
+                PREFIX,
+                "--relay-id",
+                &name,
+            ]
+            .map(str::to_owned)
+            .to_vec();
             if let Some(lanes) = how.lanes {
-                command.args(["--lanes", &lanes.to_string()]);
+                args.extend(["--lanes".to_owned(), lanes.to_string()]);
             }
-            children.push(command.spawn()?);
+            let launch = Launch {
+                program: &relay,
+                args: &args,
+                env: &[("RUST_LOG".to_owned(), "warn".to_owned())],
+                clear_env: false,
+                unset: &[],
+                name: &name,
+            };
+            children.push((name.clone(), launch.spawn(logs.path())?));
         }
-        let relay_pids: Vec<u32> = children.iter().filter_map(|c| c.id()).collect();
+        let relay_pids: Vec<u32> = children.iter().filter_map(|(_, c)| c.id()).collect();
         let sampler = Sampler::start(
             self.pool.clone(),
             vec![
@@ -432,9 +454,13 @@ impl Fixture<'_> {
                 ("nats".into(), Watched::Pids(nats)),
             ],
         );
-        for mut child in children {
+        for (name, mut child) in children {
             let status = child.wait().await?;
-            anyhow::ensure!(status.success(), "waybill-relay exited with {status}");
+            anyhow::ensure!(
+                status.success(),
+                "waybill-relay {name} exited with {status}{}",
+                process::log_tail(logs.path(), &name)
+            );
         }
         let elapsed = started.elapsed().as_secs_f64();
         let usage = sampler.finish().await;

@@ -13,7 +13,8 @@ use rand::seq::SliceRandom;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::fleet::{CLAIM_TIMEOUT, DEDUPE_WINDOW, Fleet, Role, Servers};
+use super::fleet::{CLAIM_TIMEOUT, DEDUPE_WINDOW, Fleet, Role};
+use super::servers::Servers;
 use super::watch::Clock;
 
 /// A kind of fault.

@@ -1,27 +1,25 @@
-//! The system under test, as real processes: private PostgreSQL and NATS (one server, or with
-//! `--cluster` a three-node cluster holding the stream in three replicas) that may be crashed and
-//! restarted, the order service, two relays, the three projections and every read model of the
+//! The system under test, as real processes on the private servers of [`super::servers`]: the order
+//! service, two relays, the three projections and every read model of the
 //! registry (`waybill-projection <name> run`; with `--cluster`, each projection and model in two
 //! partition instances), each a child process the harness can kill, freeze, thaw and restart — and
 //! restarts by itself when one exits on its own, as a supervisor would.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::{Arc, Mutex as BlockingMutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use rustix::process::{Pid, Signal, kill_process};
+use rustix::process::Signal;
 use serde::Serialize;
-use testkit::{NatsCluster, NatsServer, PostgresServer};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::Mutex;
+
+use super::servers::Servers;
+use crate::http::Http;
+use crate::process::{self, Launch, peak_rss_kib};
 
 /// The projections, by binary suffix; each consumes through the durable consumer of the same name
 /// (with partitions, `<name>-p<K>of<P>`).
 pub(super) const PROJECTIONS: [&str; 3] = ["inventory", "points", "search"];
-/// Nodes of the `--cluster` NATS cluster; the stream has as many replicas.
-pub(super) const CLUSTER_NODES: usize = 3;
 /// Partitions of each projection with `--cluster`, one instance per partition.
 pub(super) const CLUSTER_PARTITIONS: u32 = 2;
 /// The relays' claim timeout, shortened (from 30 s) so that a frozen relay outlives it within seconds.
@@ -63,191 +61,6 @@ impl Binaries {
             console: dir.join("waybill-console"),
             projections,
         })
-    }
-}
-
-/// The private NATS: one server, or a cluster.
-#[derive(Debug)]
-enum Nats {
-    Single(NatsServer),
-    Cluster(NatsCluster),
-}
-
-impl Nats {
-    fn pids(&self) -> Vec<u32> {
-        match self {
-            Self::Single(server) => server.pid().into_iter().collect(),
-            Self::Cluster(cluster) => cluster_pids(cluster),
-        }
-    }
-}
-
-fn cluster_pids(cluster: &NatsCluster) -> Vec<u32> {
-    (0..cluster.size())
-        .filter_map(|i| cluster.node(i).pid())
-        .collect()
-}
-
-/// The private servers; clones share them (the last one dropped stops and deletes them).
-#[derive(Debug, Clone)]
-pub(super) struct Servers {
-    /// The event store's database (the projections keep their schemas in it too).
-    pub database_url: String,
-    /// Where the private NATS listens: nats://127.0.0.1:port, or every node's URL comma-separated.
-    pub nats_url: String,
-    postgres: Arc<BlockingMutex<PostgresServer>>,
-    nats: Arc<BlockingMutex<Nats>>,
-    /// The nats-server pids (fewer while one is down), readable without waiting for a restart in
-    /// progress.
-    nats_pids: Arc<BlockingMutex<Vec<u32>>>,
-    /// Nodes of the NATS cluster (1: a single server).
-    pub nats_nodes: usize,
-}
-
-impl Servers {
-    /// Starts a durable PostgreSQL (no acknowledged commit is lost to an immediate-mode stop) and a
-    /// NATS server with JetStream — with `cluster`, a three-node cluster — each on free ports with its
-    /// own directory.
-    pub(super) async fn start(database: &str, cluster: bool) -> anyhow::Result<Self> {
-        let (postgres, nats) = tokio::task::spawn_blocking(move || {
-            let postgres = PostgresServer::start_with(true)?;
-            let nats = if cluster {
-                Nats::Cluster(NatsCluster::start(CLUSTER_NODES)?)
-            } else {
-                Nats::Single(NatsServer::start()?)
-            };
-            anyhow::Ok((postgres, nats))
-        })
-        .await??;
-        let (nats_url, nats_nodes) = match &nats {
-            Nats::Single(server) => (server.url(), 1),
-            Nats::Cluster(cluster) => (cluster.urls(), cluster.size()),
-        };
-        Ok(Self {
-            database_url: postgres.url(database),
-            nats_url,
-            nats_nodes,
-            nats_pids: Arc::new(BlockingMutex::new(nats.pids())),
-            postgres: Arc::new(BlockingMutex::new(postgres)),
-            nats: Arc::new(BlockingMutex::new(nats)),
-        })
-    }
-
-    /// Another handle on the same servers.
-    pub(super) fn clone_handles(&self) -> Self {
-        self.clone()
-    }
-
-    /// A small pool on the event store's database for the harness's own queries; its sessions are
-    /// named `waybill-chaos`, so `pg_terminate` spares them.
-    pub(super) async fn pool(&self) -> anyhow::Result<sqlx::PgPool> {
-        let options: sqlx::postgres::PgConnectOptions = self.database_url.parse()?;
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect_with(options.application_name("waybill-chaos"))
-            .await
-            .context("connecting to the private PostgreSQL")
-    }
-
-    /// Crashes PostgreSQL (immediate-mode stop), waits `down`, and starts it again.
-    pub(super) async fn restart_postgres(&self, down: Duration) -> anyhow::Result<()> {
-        let server = self.postgres.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut server = server.lock().unwrap_or_else(|e| e.into_inner());
-            server.crash();
-            std::thread::sleep(down);
-            server.resume()
-        })
-        .await?
-    }
-
-    /// Kills nats-server (SIGKILL) — every node of a cluster at once — waits `down`, and starts it
-    /// again on the same store.
-    pub(super) async fn restart_nats(&self, down: Duration) -> anyhow::Result<()> {
-        let (nats, pids) = (self.nats.clone(), self.nats_pids.clone());
-        tokio::task::spawn_blocking(move || {
-            let mut nats = nats.lock().unwrap_or_else(|e| e.into_inner());
-            let set_pids = |nats: &Nats| {
-                *pids.lock().unwrap_or_else(|e| e.into_inner()) = nats.pids();
-            };
-            match &mut *nats {
-                Nats::Single(server) => server.stop(),
-                Nats::Cluster(cluster) => (0..cluster.size()).for_each(|i| cluster.kill(i)),
-            }
-            set_pids(&nats);
-            std::thread::sleep(down);
-            let resumed = match &mut *nats {
-                Nats::Single(server) => server.resume(),
-                Nats::Cluster(cluster) => cluster.restart_all(),
-            };
-            set_pids(&nats);
-            resumed
-        })
-        .await?
-    }
-
-    /// With a cluster: SIGKILLs node `index` (modulo the node count), waits `down`, starts it again
-    /// on its store and waits until it has rejoined; returns the node's name.
-    pub(super) async fn kill_nats_node(
-        &self,
-        index: usize,
-        down: Duration,
-    ) -> anyhow::Result<String> {
-        let (nats, pids) = (self.nats.clone(), self.nats_pids.clone());
-        tokio::task::spawn_blocking(move || {
-            let mut nats = nats.lock().unwrap_or_else(|e| e.into_inner());
-            let Nats::Cluster(cluster) = &mut *nats else {
-                anyhow::bail!("nats_node_kill needs --cluster");
-            };
-            let index = index % cluster.size();
-            let name = format!(
-                "{} (port {})",
-                cluster.name(index),
-                cluster.node(index).port()
-            );
-            cluster.kill(index);
-            *pids.lock().unwrap_or_else(|e| e.into_inner()) = cluster_pids(cluster);
-            std::thread::sleep(down);
-            let restarted = cluster.restart(index);
-            *pids.lock().unwrap_or_else(|e| e.into_inner()) = cluster_pids(cluster);
-            restarted.map(|()| name)
-        })
-        .await?
-    }
-
-    /// SIGSTOPs node `index` of the NATS cluster for `frozen`, then SIGCONTs it; returns its name.
-    pub(super) async fn freeze_nats_node(
-        &self,
-        index: usize,
-        frozen: Duration,
-    ) -> anyhow::Result<String> {
-        let nats = self.nats.clone();
-        tokio::task::spawn_blocking(move || {
-            let nats = nats.lock().unwrap_or_else(|e| e.into_inner());
-            let Nats::Cluster(cluster) = &*nats else {
-                anyhow::bail!("nats_node_freeze needs --cluster");
-            };
-            let index = index % cluster.size();
-            let name = format!(
-                "{} (port {})",
-                cluster.name(index),
-                cluster.node(index).port()
-            );
-            cluster.freeze(index)?;
-            std::thread::sleep(frozen);
-            cluster.thaw(index)?;
-            Ok(name)
-        })
-        .await?
-    }
-
-    /// The nats-server process ids, of those that run.
-    pub(super) fn nats_pids(&self) -> Vec<u32> {
-        self.nats_pids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
     }
 }
 
@@ -537,20 +350,18 @@ impl Fleet {
             .binaries
             .projections
             .join(format!("waybill-{projection}"));
-        let output = Command::new(&program)
-            .args(args)
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .await
-            .with_context(|| format!("running {}", program.display()))?;
-        anyhow::ensure!(
-            output.status.success(),
-            "waybill-{projection} {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        serde_json::from_slice(&output.stdout)
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let stdout = Launch {
+            program: &program,
+            args: &args,
+            env: &self.env,
+            clear_env: true,
+            unset: &[],
+            name: &format!("{projection}-{}", args.join("-")),
+        }
+        .output(&self.logs)
+        .await?;
+        serde_json::from_slice(&stdout)
             .with_context(|| format!("waybill-{projection} {} printed no JSON", args.join(" ")))
     }
 
@@ -631,13 +442,14 @@ impl Fleet {
     async fn signal(&self, name: &str, signal: Signal, frozen: bool) -> anyhow::Result<()> {
         let mut processes = self.processes.lock().await;
         let process = find(&mut processes, name)?;
-        let pid = process
+        let child = process
             .child
             .as_ref()
-            .and_then(Child::id)
-            .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?))
             .with_context(|| format!("{name} is not running"))?;
-        kill_process(pid, signal).with_context(|| format!("signalling {name}"))?;
+        anyhow::ensure!(
+            process::signal(child, signal),
+            "{name} could not be signalled: it is not running"
+        );
         process.frozen = frozen;
         Ok(())
     }
@@ -671,32 +483,28 @@ impl Fleet {
     pub(super) async fn stop_all(&self) -> Vec<ProcessSummary> {
         let mut processes = self.processes.lock().await;
         for process in processes.iter_mut() {
-            let Some(pid) = process
-                .child
-                .as_ref()
-                .and_then(Child::id)
-                .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?))
-            else {
+            let Some(child) = process.child.as_ref() else {
                 continue;
             };
-            process.peak_rss_kib = process
-                .peak_rss_kib
-                .max(peak_rss_kib(pid.as_raw_pid().unsigned_abs()));
+            if let Some(pid) = child.id() {
+                process.peak_rss_kib = process.peak_rss_kib.max(peak_rss_kib(pid));
+            }
+            // A frozen process cannot act on SIGTERM: thawed first.
             if process.frozen {
-                let _ = kill_process(pid, Signal::CONT);
-            }
-            let _ = kill_process(pid, Signal::TERM);
-        }
-        for process in processes.iter_mut() {
-            if let Some(mut child) = process.child.take()
-                && tokio::time::timeout(Duration::from_secs(15), child.wait())
-                    .await
-                    .is_err()
-            {
-                tracing::warn!(process = %process.name, "did not stop within 15 s; killing it");
-                let _ = child.kill().await;
+                process::signal(child, Signal::CONT);
             }
         }
+        let mut running: Vec<(String, Child)> = processes
+            .iter_mut()
+            .filter_map(|p| Some((p.name.clone(), p.child.take()?)))
+            .collect();
+        process::stop_all(
+            running
+                .iter_mut()
+                .map(|(name, child)| (name.as_str(), child)),
+            process::GRACE,
+        )
+        .await;
         processes
             .iter()
             .map(|p| ProcessSummary {
@@ -709,20 +517,15 @@ impl Fleet {
     }
 
     fn spawn(&self, process: &mut Process) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.logs.join(format!("{}.log", process.name)))?;
-        let child = Command::new(&process.program)
-            .args(&process.args)
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", process.program.display()))?;
+        let child = Launch {
+            program: &process.program,
+            args: &process.args,
+            env: &self.env,
+            clear_env: true,
+            unset: &[],
+            name: &process.name,
+        }
+        .spawn(&self.logs)?;
         process.child = Some(child);
         process.frozen = false;
         process.held_down = false;
@@ -730,18 +533,11 @@ impl Fleet {
     }
 
     async fn wait_healthy(&self, health: &[(String, String)]) -> anyhow::Result<()> {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()?;
+        let client = Http::with_timeout(Duration::from_secs(2));
         for (name, url) in health {
             let mut healthy = false;
             for _ in 0..600 {
-                if client
-                    .get(url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-                {
+                if client.answers(url).await {
                     healthy = true;
                     break;
                 }
@@ -774,22 +570,8 @@ fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
 
-/// The peak resident set of a process so far (VmHWM), in KiB; 0 when it cannot be read.
-pub(super) fn peak_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kib| kib.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// Runs a one-off command of the system to its end (its standard error in `<name>.log` under `logs`),
-/// failing when it fails.
+/// Runs a one-off command of the system (`migrate`, `provision`) to its end, with standard error in
+/// `<name>.log` under `logs`; failing when it fails.
 async fn run_once(
     binary: &Path,
     args: &[&str],
@@ -797,16 +579,16 @@ async fn run_once(
     env: &[(String, String)],
     logs: &Path,
 ) -> anyhow::Result<()> {
-    let log = logs.join(format!("{name}.log"));
-    let status = Command::new(binary)
-        .args(args)
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .status()
-        .await
-        .with_context(|| format!("running {} {name}", binary.display()))?;
-    anyhow::ensure!(status.success(), "{name} failed; see {}", log.display());
-    Ok(())
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    Launch {
+        program: binary,
+        args: &args,
+        env,
+        clear_env: true,
+        unset: &[],
+        name,
+    }
+    .output(logs)
+    .await
+    .map(drop)
 }

@@ -9,12 +9,12 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
-use reqwest::Client;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
 use super::watch::Clock;
+use crate::http::{self, Answer, Http, Orders};
 
 const SKUS: [(&str, i64); 8] = [
     ("MUG-BLUE", 1250),
@@ -80,11 +80,7 @@ impl Load {
         let played = Arc::new(Mutex::new(Played::default()));
         let shared = played.clone();
         let task = tokio::spawn(async move {
-            let client = Client::builder()
-                .timeout(Duration::from_secs(10))
-                .connect_timeout(Duration::from_secs(2))
-                .build()
-                .expect("a client without TLS or proxies builds");
+            let orders = Orders::new(&api, Http::default());
             let deadline = duration + GRACE;
             let mut running = JoinSet::new();
             let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
@@ -98,8 +94,7 @@ impl Load {
                     continue;
                 }
                 let lifecycle = Lifecycle {
-                    client: client.clone(),
-                    api: api.clone(),
+                    orders: orders.clone(),
                     keys: format!("chaos-{seed}-{i}"),
                     rng: StdRng::seed_from_u64(seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
                     played: shared.clone(),
@@ -129,8 +124,7 @@ fn lock(played: &Mutex<Played>) -> std::sync::MutexGuard<'_, Played> {
 /// One order's lifecycle: placed; then paid (three in four) and shipped, refunded or left paid, or
 /// (one in four) cancelled unpaid or left placed.
 struct Lifecycle {
-    client: Client,
-    api: String,
+    orders: Orders,
     keys: String,
     rng: StdRng,
     played: Arc<Mutex<Played>>,
@@ -154,27 +148,30 @@ impl Lifecycle {
             .map(|(sku, price)| (*sku, self.rng.random_range(1..=5), *price))
             .collect();
         let total: i64 = lines.iter().map(|(_, q, p)| q * p).sum();
-        let body = json!({
-            "customer_id": customer,
-            "currency": "EUR",
-            "lines": lines.iter().map(|(sku, quantity, price)| json!({"sku": sku, "quantity": quantity, "unit_price_cents": price})).collect::<Vec<_>>(),
-        });
+        let body = http::place(
+            &customer,
+            Value::Array(
+                lines
+                    .iter()
+                    .map(|(sku, quantity, price)| http::line(sku, *quantity, *price))
+                    .collect(),
+            ),
+        );
         let order = self.command("place", "/orders".to_owned(), body).await?;
         let path = |action: &str| format!("/orders/{order}/{action}");
         if self.rng.random_bool(0.75) {
-            let pay = json!({"amount_cents": total, "payment_ref": format!("psp-{}", self.keys)});
+            let pay = http::pay(total, &format!("psp-{}", self.keys));
             self.command("pay", path("pay"), pay).await?;
             let next: f64 = self.rng.random();
             if next < 0.5 {
-                let ship =
-                    json!({"carrier": "DHL", "tracking_number": format!("JD-{}", self.keys)});
+                let ship = http::ship("DHL", &format!("JD-{}", self.keys));
                 self.command("ship", path("ship"), ship).await?;
             } else if next < 0.75 {
-                let cancel = json!({"reason": "refund requested"});
+                let cancel = http::cancel("refund requested");
                 self.command("cancel", path("cancel"), cancel).await?;
             }
         } else if self.rng.random_bool(0.5) {
-            let cancel = json!({"reason": "changed my mind"});
+            let cancel = http::cancel("changed my mind");
             self.command("cancel", path("cancel"), cancel).await?;
         }
         Some(())
@@ -184,30 +181,22 @@ impl Lifecycle {
     /// id of an accepted command, `None` when it was refused or given up.
     async fn command(&mut self, name: &'static str, path: String, body: Value) -> Option<Uuid> {
         let key = format!("{}-{name}", self.keys);
-        let url = format!("{}{path}", self.api);
         let mut delay = Duration::from_millis(100);
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let sent = self
-                .client
-                .post(&url)
-                .header("Idempotency-Key", &key)
-                .json(&body)
-                .send()
-                .await;
-            match sent {
-                Ok(response) if response.status().is_success() => {
-                    if let Some(order) = self.accepted(name, response, attempt).await {
+            match self.orders.post(&path, &body, Some(&key)).await {
+                Ok(answer) if answer.status.is_success() => {
+                    if let Some(order) = self.accepted(name, &answer, attempt) {
                         return Some(order);
                     }
                     // Accepted, but the answer did not arrive whole: ask again under the same key.
                 }
-                Ok(response) if !response.status().is_server_error() => {
-                    let status = response.status();
-                    let text = response.text().await.unwrap_or_default();
+                Ok(answer) if !answer.status.is_server_error() => {
+                    let text = answer.body.to_string();
                     self.unexpected(format!(
-                        "{name} (key {key}, attempt {attempt}) answered {status}: {}",
+                        "{name} (key {key}, attempt {attempt}) answered {}: {}",
+                        answer.status,
                         text.chars().take(300).collect::<String>()
                     ));
                     return None;
@@ -223,26 +212,8 @@ impl Lifecycle {
         }
     }
 
-    async fn accepted(
-        &mut self,
-        name: &'static str,
-        response: reqwest::Response,
-        attempt: u32,
-    ) -> Option<Uuid> {
-        let replayed = response
-            .headers()
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true");
-        let event_id = response
-            .headers()
-            .get("event-id")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| Uuid::parse_str(v).ok());
-        let order: Value = response.json().await.unwrap_or(Value::Null);
-        let order_id = order["order_id"]
-            .as_str()
-            .and_then(|v| Uuid::parse_str(v).ok());
-        let (Some(event_id), Some(order_id)) = (event_id, order_id) else {
+    fn accepted(&mut self, name: &'static str, answer: &Answer, attempt: u32) -> Option<Uuid> {
+        let (Some(event_id), Some(order_id)) = (answer.event_id, answer.order_id()) else {
             tracing::warn!(
                 command = name,
                 "an accepted command's answer lacked its event id or order; asking again"
@@ -250,7 +221,7 @@ impl Lifecycle {
             return None;
         };
         let mut played = lock(&self.played);
-        if replayed && attempt > 1 {
+        if answer.replayed && attempt > 1 {
             played.replayed += 1;
         }
         played.accepted.push(Accepted {

@@ -10,6 +10,7 @@ mod fleet;
 mod hostile;
 mod load;
 mod report;
+mod servers;
 mod verdict;
 mod watch;
 
@@ -165,7 +166,7 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
             .join(", ")
     );
     let started = Instant::now();
-    let servers = fleet::Servers::start(DATABASE, args.cluster).await?;
+    let servers = servers::Servers::start(DATABASE, args.cluster).await?;
     eprintln!(
         "chaos: PostgreSQL {} and NATS {} ({} node(s)) started",
         servers.database_url, servers.nats_url, servers.nats_nodes
@@ -223,7 +224,7 @@ struct Run {
 /// Load, faults, drain, verdict and report; `Ok(true)` when the verdict is pass.
 async fn exercise(
     run: &Run,
-    servers: &fleet::Servers,
+    servers: &servers::Servers,
     fleet: Arc<fleet::Fleet>,
     json: bool,
 ) -> anyhow::Result<bool> {

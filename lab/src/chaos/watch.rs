@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use sqlx::PgPool;
 
-use super::fleet::{Fleet, Servers, peak_rss_kib};
+use super::fleet::Fleet;
+use super::servers::Servers;
+use crate::process::peak_rss_kib;
 
 /// Seconds since the run began, shared by the load, the faults and the sampler.
 #[derive(Debug, Clone)]

@@ -11,6 +11,8 @@ use relay::admin::{self, OutboxRow, RowStatus};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::http::Http;
+
 /// One stored message carrying the watched event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Copy {
@@ -257,13 +259,10 @@ pub(super) async fn console_agrees(pool: &PgPool, console: &str) -> anyhow::Resu
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM events")
         .fetch_one(pool)
         .await?;
-    let overview: serde_json::Value = reqwest::get(format!("{console}/console/api/overview"))
+    let overview = Http::default()
+        .get_json(&format!("{console}/console/api/overview"))
         .await
-        .and_then(reqwest::Response::error_for_status)
-        .context("the console's overview")?
-        .json()
-        .await
-        .context("the console's overview is not JSON")?;
+        .context("the console's overview")?;
     let snapshot = &overview["snapshot"];
     anyhow::ensure!(
         snapshot["events"]["stored"] == stored,

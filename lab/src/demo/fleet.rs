@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -14,6 +13,9 @@ use relay::{Relay, RelayConfig, StreamSettings};
 use store::{EventStore, GroupCommit, OutboxNotifier};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+use crate::http::Http;
+use crate::process::{self, Launch, binary};
 
 /// The order service's name among the processes (and, spaces as dashes, its log file's).
 const ORDER_SERVICE: &str = "order service";
@@ -38,6 +40,42 @@ pub(crate) struct Wiring {
     pub subject_prefix: String,
     /// `RUST_LOG` of the processes (the demo's are chatty; the bench's must not pay for logging).
     pub log_filter: &'static str,
+}
+
+impl Wiring {
+    /// The environment that wires a process of the fleet to the demo's database, NATS and stream.
+    pub(crate) fn env(&self) -> Vec<(String, String)> {
+        [
+            ("DATABASE_URL", self.database_url.as_str()),
+            ("NATS_URL", &self.nats_url),
+            ("WAYBILL_STREAM", &self.stream),
+            ("WAYBILL_SUBJECT_PREFIX", &self.subject_prefix),
+            ("RUST_LOG", self.log_filter),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+
+    /// Starts the fleet's `program` as process `name` with `args`, wired by the environment, its
+    /// log under `logs`.
+    pub(crate) fn spawn(
+        &self,
+        program: &str,
+        name: &str,
+        args: &[String],
+        logs: &std::path::Path,
+    ) -> anyhow::Result<tokio::process::Child> {
+        Launch {
+            program: &binary(program)?,
+            args,
+            env: &self.env(),
+            clear_env: false,
+            unset: &[],
+            name,
+        }
+        .spawn(logs)
+    }
 }
 
 /// The demo's log filter: every request and step, libraries only when something is wrong.
@@ -195,9 +233,8 @@ impl Fleet {
             .keep();
         let mut children = Vec::new();
         let api_port = testkit::free_port()?;
-        let mut serve = command(&binary("waybill")?, &wiring, &logs, ORDER_SERVICE)?;
         let api_metrics_port = testkit::free_port()?;
-        serve.args([
+        let serve = strings(&[
             "serve",
             "--listen",
             &format!("127.0.0.1:{api_port}"),
@@ -206,15 +243,14 @@ impl Fleet {
         ]);
         children.push((
             ORDER_SERVICE.to_owned(),
-            serve.spawn().context("starting waybill serve")?,
+            wiring.spawn("waybill", ORDER_SERVICE, &serve, &logs)?,
         ));
         // The console on an address of its own; it answers /health there.
         let console_port = testkit::free_port()?;
-        let mut console = command(&binary(CONSOLE)?, &wiring, &logs, CONSOLE)?;
-        console.args(["run", "--listen", &format!("127.0.0.1:{console_port}")]);
+        let console = strings(&["run", "--listen", &format!("127.0.0.1:{console_port}")]);
         children.push((
             CONSOLE.to_owned(),
-            console.spawn().context("starting waybill-console")?,
+            wiring.spawn(CONSOLE, CONSOLE, &console, &logs)?,
         ));
         let mut reads = Vec::new();
         // The order service answers /health on its metrics listener.
@@ -237,20 +273,18 @@ impl Fleet {
                 format!("{program}-{name}")
             };
             let (port, metrics_port) = (testkit::free_port()?, testkit::free_port()?);
-            let mut projection = command(&binary(&program)?, &wiring, &logs, &process)?;
-            projection.args(command_words).args([
+            let mut args = strings(&command_words);
+            args.extend(strings(&[
                 "run",
                 "--listen",
                 &format!("127.0.0.1:{port}"),
                 "--metrics-listen",
                 &format!("127.0.0.1:{metrics_port}"),
-            ]);
+            ]));
             health.push(format!("http://127.0.0.1:{metrics_port}"));
             children.push((
                 process.clone(),
-                projection
-                    .spawn()
-                    .with_context(|| format!("starting {process}"))?,
+                wiring.spawn(&program, &process, &args, &logs)?,
             ));
             reads.push((name, format!("http://127.0.0.1:{port}")));
         }
@@ -297,19 +331,22 @@ impl Fleet {
                 scratch.path()
             }
         };
-        let mut crashing = command(&binary(twin)?, &self.wiring, logs, "relay-crashing")?;
-        crashing.args([
+        let args = strings(&[
             "run",
             "--once",
             crash_after_publish,
             "--relay-id",
             "demo-relay-crashing",
         ]);
-        let status = crashing.status().await?;
+        let status = self
+            .wiring
+            .spawn(twin, "relay-crashing", &args, logs)?
+            .wait()
+            .await?;
         anyhow::ensure!(
             !status.success(),
-            "the crashing relay did not crash: {}",
-            log_tail(logs, "relay-crashing")
+            "the crashing relay did not crash{}",
+            process::log_tail(logs, "relay-crashing")
         );
         Ok(())
     }
@@ -331,11 +368,10 @@ impl Fleet {
                 }));
             }
             Running::Processes { children, logs } => {
-                let mut relay = command(&binary("waybill-relay")?, &wiring, logs, "waybill-relay")?;
-                relay.args(["run", "--relay-id", RELAY_ID, "--poll-interval", "200ms"]);
+                let args = strings(&["run", "--relay-id", RELAY_ID, "--poll-interval", "200ms"]);
                 children.push((
                     "waybill-relay".to_owned(),
-                    relay.spawn().context("starting waybill-relay")?,
+                    wiring.spawn("waybill-relay", "waybill-relay", &args, logs)?,
                 ));
             }
         }
@@ -360,7 +396,12 @@ impl Fleet {
         for url in urls.chain(self.ready.iter().cloned()).collect::<Vec<_>>() {
             let running = &mut self.running;
             wait_for_url(&url, || match running {
-                Running::Processes { children, logs } => exited(children, logs),
+                Running::Processes { children, logs } => process::first_exited(
+                    children
+                        .iter_mut()
+                        .map(|(name, child)| (name.as_str(), child)),
+                    logs,
+                ),
                 Running::Tasks { models, .. } => ended(models),
             })
             .await?;
@@ -385,25 +426,14 @@ impl Fleet {
                 }
                 None
             }
-            Running::Processes { children, logs } => {
-                for (_, child) in &children {
-                    if let Some(pid) = child.id()
-                        && let Some(pid) = i32::try_from(pid)
-                            .ok()
-                            .and_then(rustix::process::Pid::from_raw)
-                    {
-                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-                    }
-                }
-                for (name, mut child) in children {
-                    if tokio::time::timeout(Duration::from_secs(15), child.wait())
-                        .await
-                        .is_err()
-                    {
-                        tracing::warn!(%name, "did not stop within 15 s; killing it");
-                        let _ = child.kill().await;
-                    }
-                }
+            Running::Processes { mut children, logs } => {
+                process::stop_all(
+                    children
+                        .iter_mut()
+                        .map(|(name, child)| (name.as_str(), child)),
+                    process::GRACE,
+                )
+                .await;
                 Some(logs)
             }
         }
@@ -424,15 +454,10 @@ async fn wait_for_url(
     url: &str,
     mut alive: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let client = reqwest::Client::new();
+    let client = Http::with_timeout(Duration::from_secs(2));
     for _ in 0..300 {
         alive()?;
-        if client
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
+        if client.answers(url).await {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -464,35 +489,6 @@ fn model_wiring(wiring: &Wiring) -> Vec<String> {
     .collect()
 }
 
-/// An error naming the first of `children` that has exited, with the end of its log.
-fn exited(
-    children: &mut [(String, tokio::process::Child)],
-    logs: &std::path::Path,
-) -> anyhow::Result<()> {
-    for (name, child) in children.iter_mut() {
-        if let Ok(Some(status)) = child.try_wait() {
-            anyhow::bail!("{name} exited with {status}{}", log_tail(logs, name));
-        }
-    }
-    Ok(())
-}
-
-/// The log file of the process `name` started by [`command`].
-fn log_path(logs: &std::path::Path, name: &str) -> PathBuf {
-    logs.join(format!("{}.log", name.replace(' ', "-")))
-}
-
-/// Where the log of process `name` is and its last lines: an error from a run on another machine
-/// (CI) must say why the process went, since its log directory is gone with the machine.
-pub(crate) fn log_tail(logs: &std::path::Path, name: &str) -> String {
-    const LINES: usize = 20;
-    let path = log_path(logs, name);
-    let text = std::fs::read_to_string(&path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = lines[lines.len().saturating_sub(LINES)..].join("\n");
-    format!("; its log is {}, ending:\n{tail}", path.display())
-}
-
 fn local() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
@@ -501,58 +497,6 @@ fn name_of<P: Projection>(_: &P) -> &'static str {
     P::NAME
 }
 
-/// A sibling binary of this executable (cargo builds them all into the same directory).
-pub(crate) fn binary(name: &str) -> anyhow::Result<PathBuf> {
-    let here = std::env::current_exe()?;
-    let path = here.with_file_name(name);
-    anyhow::ensure!(
-        path.is_file(),
-        "{} is missing: build every binary and the testing twins first (`cargo build --workspace \
-         --bins --features lab/fault-injection`, as scripts/demo does)",
-        path.display()
-    );
-    Ok(path)
-}
-
-pub(crate) fn command(
-    binary: &PathBuf,
-    wiring: &Wiring,
-    logs: &std::path::Path,
-    name: &str,
-) -> anyhow::Result<tokio::process::Command> {
-    let log = std::fs::File::create(log_path(logs, name))?;
-    let mut command = tokio::process::Command::new(binary);
-    command
-        .env("DATABASE_URL", &wiring.database_url)
-        .env("NATS_URL", &wiring.nats_url)
-        .env("WAYBILL_STREAM", &wiring.stream)
-        .env("WAYBILL_SUBJECT_PREFIX", &wiring.subject_prefix)
-        .env("RUST_LOG", wiring.log_filter)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true);
-    Ok(command)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_early_exit_is_reported_with_the_end_of_the_process_log() {
-        let logs = tempfile::tempdir().expect("a temporary directory");
-        let text: Vec<String> = (1..=30).map(|i| format!("line {i}")).collect();
-        std::fs::write(logs.path().join("order-service.log"), text.join("\n")).expect("write");
-        let report = log_tail(logs.path(), ORDER_SERVICE);
-        assert!(report.contains("order-service.log"), "{report}");
-        let last_twenty = text[10..].join("\n");
-        assert!(report.ends_with(&format!(":\n{last_twenty}")), "{report}");
-        assert!(
-            !report.contains("line 10\n"),
-            "only the last 20 lines: {report}"
-        );
-        // A process that never wrote its log still gets a report.
-        assert!(log_tail(logs.path(), "waybill-relay").contains("waybill-relay.log"));
-    }
+fn strings<S: AsRef<str>>(words: &[S]) -> Vec<String> {
+    words.iter().map(|w| w.as_ref().to_owned()).collect()
 }

@@ -25,7 +25,9 @@ use uuid::Uuid;
 
 use facts::Watched;
 use fleet::{Fleet, Wiring};
-use scenario::{Api, Played};
+use scenario::Played;
+
+use crate::http::{self, Http, Orders};
 use services::Services;
 
 /// The demo's database, stream and subject prefix by default: these, suffixed with the run's start
@@ -254,15 +256,11 @@ async fn play_and_check(
     args: &DemoArgs,
     started: Instant,
 ) -> anyhow::Result<()> {
-    let api = Api::new(&fleet.api);
+    let api = Orders::new(&fleet.api, Http::default());
 
     // 1. The crash window, before any relay runs for real. Each fact is read back before it is told.
     let first = api
-        .place(
-            "alice",
-            json!([{"sku": "MUG-BLUE", "quantity": 2, "unit_price_cents": 1250}]),
-            None,
-        )
+        .place("alice", json!([http::line("MUG-BLUE", 2, 1250)]), None)
         .await?;
     let wiring = fleet.wiring().clone();
     let watched =
@@ -329,17 +327,13 @@ async fn play_and_check(
 
     // 3. A legacy v1 event, as an import from the old system would write it, then paid over HTTP.
     let legacy = legacy_order(pool).await?;
-    let (status, answer) = api
-        .post(
-            &format!("/orders/{legacy}/pay"),
-            json!({"amount_cents": 4200}),
-            None,
-        )
-        .await?;
-    anyhow::ensure!(
-        status.is_success(),
-        "paying the legacy order {legacy} answered {status}: {answer}"
-    );
+    api.expect(
+        &format!("/orders/{legacy}/pay"),
+        &json!({"amount_cents": 4200}),
+        reqwest::StatusCode::OK,
+    )
+    .await
+    .with_context(|| format!("paying the legacy order {legacy}"))?;
     step(
         started,
         &format!(

@@ -7,7 +7,6 @@
 //! projection with the event store, as the main demo does. Every fact told is read back first.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -18,9 +17,10 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::fleet::{Wiring, binary, command, wait_for_health};
-use super::scenario::Api;
+use super::fleet::{Wiring, wait_for_health};
 use super::{settled, step, verify, wait_for};
+use crate::http::{Http, Orders};
+use crate::process::{self, Launch, binary};
 
 /// The rollout's own database, stream and subject prefix by default.
 pub(super) const NAMES: (&str, &str, &str) =
@@ -83,15 +83,17 @@ impl Processes {
         args: &[&str],
         health: String,
     ) -> anyhow::Result<Child> {
-        let mut command = command(&binary(binary_name)?, &self.wiring, &self.logs, log)?;
-        // The story sets the versions itself; none may come from the caller's environment.
-        command
-            .env_remove("WAYBILL_WRITE_VERSIONS")
-            .env_remove("WAYBILL_MAX_VERSIONS")
-            .args(args);
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting {binary_name}"))?;
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let child = Launch {
+            program: &binary(binary_name)?,
+            args: &args,
+            env: &self.wiring.env(),
+            clear_env: false,
+            // The story sets the versions itself; none may come from the caller's environment.
+            unset: &["WAYBILL_WRITE_VERSIONS", "WAYBILL_MAX_VERSIONS"],
+            name: log,
+        }
+        .spawn(&self.logs)?;
         Ok(Child {
             name: log.to_owned(),
             child,
@@ -171,7 +173,7 @@ impl Processes {
                 Ok(Some(status)) => Err(anyhow::anyhow!(
                     "{} exited with {status}{}",
                     child.name,
-                    super::fleet::log_tail(&logs, &child.name)
+                    process::log_tail(&logs, &child.name)
                 )),
                 _ => Ok(()),
             })
@@ -201,53 +203,33 @@ impl Processes {
         self.logs
     }
 
-    fn api(&self) -> anyhow::Result<Api> {
+    fn api(&self) -> anyhow::Result<Orders> {
         let (_, base) = self
             .api
             .as_ref()
             .context("the order service is not running")?;
-        Ok(Api::new(base))
+        Ok(Orders::new(base, Http::default()))
     }
 }
 
-/// SIGTERM, then a kill after 15 s.
+/// SIGTERM, then a kill after the grace period.
 async fn stop(mut child: Child) {
-    if let Some(pid) = child.child.id()
-        && let Some(pid) = i32::try_from(pid)
-            .ok()
-            .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    }
-    if tokio::time::timeout(Duration::from_secs(15), child.child.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(name = %child.name, "did not stop within 15 s; killing it");
-        let _ = child.child.kill().await;
-    }
+    process::stop_all([(child.name.as_str(), &mut child.child)], process::GRACE).await;
 }
 
 /// Places an order through `channel` and pays it; returns its id.
-async fn place_and_pay(api: &Api, i: usize, channel: &str) -> anyhow::Result<Uuid> {
-    let (status, placed) = api.post("/orders", order(i, channel), None).await?;
-    anyhow::ensure!(
-        status == StatusCode::CREATED,
-        "placing order {i} answered {status}: {placed}"
-    );
+async fn place_and_pay(api: &Orders, i: usize, channel: &str) -> anyhow::Result<Uuid> {
+    let placed = api
+        .expect("/orders", &order(i, channel), StatusCode::CREATED)
+        .await?;
     let id: Uuid = serde_json::from_value(placed["order_id"].clone())?;
     let total = placed["total_cents"].as_i64().context("a total")?;
-    let (status, paid) = api
-        .post(
-            &format!("/orders/{id}/pay"),
-            json!({"amount_cents": total}),
-            None,
-        )
-        .await?;
-    anyhow::ensure!(
-        status.is_success(),
-        "paying order {id} answered {status}: {paid}"
-    );
+    api.expect(
+        &format!("/orders/{id}/pay"),
+        &json!({"amount_cents": total}),
+        StatusCode::OK,
+    )
+    .await?;
     Ok(id)
 }
 
@@ -343,11 +325,14 @@ async fn story(
     for i in 0..ORDERS {
         place_and_pay(&api, i, "web").await?;
     }
-    let (status, refused) = api.post("/orders", order(0, "store"), None).await?;
-    anyhow::ensure!(
-        status == StatusCode::UNPROCESSABLE_ENTITY,
-        "a store order written as v2 answered {status}, not 422: {refused}"
-    );
+    let refused = api
+        .expect(
+            "/orders",
+            &order(0, "store"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        )
+        .await
+        .context("a store order written as v2 must be refused")?;
     settle(pool, js, &stream, "phase 1").await?;
     let versions = placed_versions(pool).await?;
     anyhow::ensure!(
@@ -435,25 +420,19 @@ async fn story(
 
 /// `waybill-<name> --json redrive`, as an operator runs it after the upgrade.
 async fn redrive(wiring: &Wiring, logs: &Path, name: &str) -> anyhow::Result<()> {
-    let mut command = command(
-        &binary(&format!("waybill-{name}"))?,
-        wiring,
-        logs,
-        &format!("{name}-redrive"),
-    )?;
-    let output = command
-        .args(["--json", "redrive"])
-        .env("WAYBILL_OPERATOR", "waybill-demo")
-        .stdout(Stdio::piped())
-        .output()
-        .await
-        .with_context(|| format!("running waybill-{name} redrive"))?;
-    anyhow::ensure!(
-        output.status.success(),
-        "waybill-{name} redrive failed{}",
-        super::fleet::log_tail(logs, &format!("{name}-redrive"))
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).context("redrive's JSON")?;
+    let mut env = wiring.env();
+    env.push(("WAYBILL_OPERATOR".to_owned(), "waybill-demo".to_owned()));
+    let stdout = Launch {
+        program: &binary(&format!("waybill-{name}"))?,
+        args: &["--json".to_owned(), "redrive".to_owned()],
+        env: &env,
+        clear_env: false,
+        unset: &[],
+        name: &format!("{name}-redrive"),
+    }
+    .output(logs)
+    .await?;
+    let report: Value = serde_json::from_slice(&stdout).context("redrive's JSON")?;
     let still = report["redriven"]
         .as_array()
         .into_iter()

@@ -5,11 +5,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use domain::{OrderId, OrderStatus};
-use reqwest::Client;
 use serde_json::Value;
 use sqlx::PgPool;
 use store::EventStore;
 use uuid::Uuid;
+
+use crate::http::Http;
 
 /// One loyalty point per this many cents paid: the loyalty rule, written here again on purpose rather
 /// than imported from `projections::points` (lab's chaos verdict keeps its own copy for the same reason). The verification is an independent oracle:
@@ -75,7 +76,7 @@ pub(super) async fn expected(pool: &PgPool) -> anyhow::Result<Truth> {
 
 /// The truth according to the projections' read APIs.
 pub(super) async fn projected(reads: &[(&'static str, String)]) -> anyhow::Result<Truth> {
-    let client = Client::new();
+    let client = Http::default();
     let url = |name: &str, path: &str| {
         reads
             .iter()
@@ -129,17 +130,11 @@ pub(super) async fn projected(reads: &[(&'static str, String)]) -> anyhow::Resul
 }
 
 /// Every item of a paged list (`{items, next_cursor}`), following the cursors from `first`.
-async fn all_pages(client: &Client, first: &str) -> anyhow::Result<Vec<Value>> {
+async fn all_pages(client: &Http, first: &str) -> anyhow::Result<Vec<Value>> {
     let mut items = Vec::new();
     let mut url = first.to_owned();
     loop {
-        let page: Value = client
-            .get(&url)
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
+        let page = client.get_json(&url).await?;
         let page_items = page["items"].as_array().cloned().unwrap_or_default();
         let more = page["next_cursor"].as_str();
         // A page that announces another but brought nothing would be asked for forever.
@@ -226,7 +221,7 @@ pub(super) async fn models(
     database_url: &str,
     reads: &[(&'static str, String)],
 ) -> Vec<ModelVerdict> {
-    let client = Client::new();
+    let client = Http::default();
     let mut verdicts = Vec::new();
     for model in projections::registry::MODELS {
         let name = model.name();
@@ -243,7 +238,7 @@ pub(super) async fn models(
 }
 
 async fn compare(
-    client: &Client,
+    client: &Http,
     model: &dyn projections::kit::Model,
     database_url: &str,
     reads: &[(&'static str, String)],
@@ -254,13 +249,7 @@ async fn compare(
         .map(|(_, base)| base)
         .ok_or_else(|| anyhow::anyhow!("the fleet did not start it"))?;
     let expected = model.expected(database_url).await?;
-    let actual: Value = client
-        .get(format!("{base}/state"))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
+    let actual = client.get_json(&format!("{base}/state")).await?;
     Ok(projections::model_cli::first_difference(
         &expected, &actual, "",
     ))
