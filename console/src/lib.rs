@@ -159,6 +159,7 @@ pub fn router(database: Database, config: ConsoleConfig) -> Router {
         .route("/console/projections/{name}/held", get(lists::held))
         .route("/console/projections/{name}/document", get(models::page))
         .route("/console/assets/{file}", get(assets::serve))
+        .route("/console/charts/{file}", get(overview::chart_image))
         .route("/console/api/overview", get(overview::api))
         .route("/console/api/orders/{id}", get(order::api))
         .route("/console/api/catalog", get(catalog::api))

@@ -1,18 +1,14 @@
 //! The console's client for the services beside it: the relays' `/metrics` and the projections'
-//! operator API, both plain HTTP/1.1 on an operator's network. One request per connection over hyper's
-//! low-level client, bounded in time and in size: a service that does not answer, or a wrong URL
-//! that answers gigabytes, never holds the console up by more than the timeout or makes it buffer
-//! more than the cap.
+//! operator API, both plain HTTP/1.1 on an operator's network, through reqwest. Each call is bounded
+//! in time and in size: a service that does not answer, or a wrong URL that answers gigabytes, never
+//! holds the console up by more than the timeout or makes it buffer more than the cap.
 
 use std::fmt;
 use std::time::Duration;
 
 use axum::http::uri::{Authority, PathAndQuery, Scheme};
-use axum::http::{HeaderValue, Method, Request, StatusCode, Uri, header};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 /// An answer larger than this is refused: metrics are a few KiB, operator answers smaller still.
 pub(crate) const MAX_ANSWER: usize = 1024 * 1024;
@@ -137,17 +133,27 @@ pub(crate) async fn send(endpoint: &Endpoint, call: Call<'_>) -> Result<Answer, 
         .map_err(|_| format!("no answer within {} s", timeout.as_secs_f64()))?
 }
 
+/// One client for every upstream: no proxy from the environment (the services are on the operator's
+/// network, and a proxy variable meant for the internet must not carry an operator's token), no
+/// decompression (an answer is read as sent, or refused), HTTP/1.1.
+static CLIENT: std::sync::LazyLock<reqwest::Client> = std::sync::LazyLock::new(|| {
+    reqwest::Client::builder()
+        .no_proxy()
+        .http1_only()
+        .user_agent("waybill-console")
+        .build()
+        .expect("a client without TLS or proxies builds")
+});
+
 async fn exchange(endpoint: &Endpoint, call: Call<'_>) -> Result<Answer, String> {
     let target = if call.path.is_empty() {
         endpoint.path.clone()
     } else {
         endpoint.at(call.path)?
     };
-    let mut request = Request::builder()
-        .method(call.method)
-        .uri(target)
-        .header(header::HOST, endpoint.authority.as_str())
-        .header(header::USER_AGENT, "waybill-console")
+    let url = format!("http://{}{target}", endpoint.authority);
+    let mut request = CLIENT
+        .request(call.method, url)
         .header(header::ACCEPT_ENCODING, "identity");
     if let Some(authorization) = call.authorization {
         let mut value =
@@ -155,61 +161,48 @@ async fn exchange(endpoint: &Endpoint, call: Call<'_>) -> Result<Answer, String>
         value.set_sensitive(true);
         request = request.header(header::AUTHORIZATION, value);
     }
-    if call.json.is_some() {
-        request = request.header(header::CONTENT_TYPE, "application/json");
+    if let Some(json) = call.json {
+        request = request
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(json);
     }
-    let request = request
-        .body(Full::new(Bytes::from(call.json.unwrap_or_default())))
-        .map_err(|e| format!("cannot build the request: {e}"))?;
-
-    let stream = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
-        .await
-        .map_err(|e| format!("cannot connect: {e}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("cannot start HTTP: {e}"))?;
-    let answer = async move {
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| format!("no answer: {e}"))?;
-        if response
-            .headers()
-            .get(header::CONTENT_ENCODING)
-            .is_some_and(|v| v.as_bytes() != b"identity")
-        {
-            return Err("the answer is compressed; only identity is read".to_owned());
+    let mut response = request.send().await.map_err(|e| {
+        if e.is_connect() {
+            format!("cannot connect: {}", ops::error_chain(&e))
+        } else {
+            format!("no answer: {}", ops::error_chain(&e))
         }
-        let declared = response
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > MAX_ANSWER as u64) {
+    })?;
+    if response
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() != b"identity")
+    {
+        return Err("the answer is compressed; only identity is read".to_owned());
+    }
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_ANSWER as u64)
+    {
+        return Err(too_large());
+    }
+    let status = response.status();
+    // Read chunk by chunk, so that an answer past the cap is refused before it is buffered.
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| format!("cannot read the answer: {}", ops::error_chain(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_ANSWER {
             return Err(too_large());
         }
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_ANSWER)
-            .collect()
-            .await
-            .map_err(|e| match e.downcast::<http_body_util::LengthLimitError>() {
-                Ok(_) => too_large(),
-                Err(e) => format!("cannot read the answer: {e}"),
-            })?
-            .to_bytes();
-        Ok(Answer { status, body })
-    };
-    // The connection is driven here, beside the exchange, so nothing outlives this call.
-    let mut connection = std::pin::pin!(connection);
-    let mut answer = std::pin::pin!(answer);
-    tokio::select! {
-        answered = &mut answer => answered,
-        closed = &mut connection => match closed {
-            // Closed after a complete answer: what it sent is still to be read.
-            Ok(()) => answer.await,
-            Err(e) => Err(format!("the connection failed: {e}")),
-        },
+        body.extend_from_slice(&chunk);
     }
+    Ok(Answer {
+        status,
+        body: Bytes::from(body),
+    })
 }
 
 fn too_large() -> String {

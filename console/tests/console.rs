@@ -313,6 +313,35 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
     assert_eq!(event["stream_sequence_source"], "stream");
     assert_eq!(timeline["folded"]["total_cents"], 4200);
 
+    // The charts: images the server draws, one line and one legend entry per series of the API.
+    for chart in ["throughput", "backlog"] {
+        let response = service
+            .client
+            .get(format!("{}/console/charts/{chart}.svg", service.base))
+            .send()
+            .await
+            .expect("the chart answers");
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.headers()["content-type"],
+            "image/svg+xml",
+            "{chart}"
+        );
+        let image = response.text().await.expect("the chart's text");
+        let api = overview(&service).await;
+        let series = api["series"][chart]
+            .as_object()
+            .expect("the chart's series");
+        assert!(!series.is_empty(), "{chart}: {api:#}");
+        for name in series.keys() {
+            assert!(
+                image.contains(&format!(">{name}</text>")),
+                "{chart}: {image}"
+            );
+        }
+    }
+    assert_eq!(service.status("/console/charts/nope.svg").await, 404);
+
     let Some(chromium) = chromium() else {
         return;
     };
@@ -370,6 +399,12 @@ async fn chromium_shows_the_pipeline_and_the_legacy_order_as_stored(pool: PgPool
         );
     }
     assert_eq!(text_of(&dom, "events-stored"), grouped(stored), "{dom}");
+    for chart in ["throughput", "backlog"] {
+        assert!(
+            dom.contains(&format!("src=\"/console/charts/{chart}.svg")),
+            "{chart}:\n{dom}"
+        );
+    }
     assert!(
         dom.contains("data-unless=\"snapshot.stream.available\" hidden=\"\""),
         "the stream shows as unavailable:\n{dom}"

@@ -1,11 +1,8 @@
-// waybill console: refreshes the overview from /console/api/overview, draws its charts as inline
-// SVG, runs the operator's actions, and adds keyboard shortcuts. No libraries; every value from the
-// server is written with textContent or SVG attributes, never as HTML.
+// waybill console: refreshes the overview from /console/api/overview and its charts (images the
+// server draws), runs the operator's actions, and adds keyboard shortcuts. No libraries; every value
+// from the server is written with textContent, never as HTML.
 "use strict";
 (function () {
-  const SERIES = ["events", "stream", "outbox", "inventory", "points", "search"];
-  const SVG = "http://www.w3.org/2000/svg";
-
   function at(root, path) {
     let here = root;
     for (const key of path.split(".")) {
@@ -49,35 +46,15 @@
     return !(v === null || v === false || v === 0 || v === "");
   }
 
-  function draw(svg, series) {
-    while (svg.firstChild) svg.removeChild(svg.firstChild);
-    const w = 320, h = 110;
-    let t0 = Infinity, t1 = -Infinity, top = 1;
-    for (const points of Object.values(series)) {
-      for (const [t, v] of points) { t0 = Math.min(t0, t); t1 = Math.max(t1, t); top = Math.max(top, v); }
-    }
-    const label = document.createElementNS(SVG, "text");
-    label.setAttribute("class", "axis"); label.setAttribute("x", "2"); label.setAttribute("y", "10");
-    label.textContent = top.toFixed(0);
-    svg.appendChild(label);
-    if (!(t0 < t1)) return;
-    for (const [name, points] of Object.entries(series)) {
-      const line = document.createElementNS(SVG, "polyline");
-      line.setAttribute("class", "s-" + (SERIES.includes(name) ? name : "other"));
-      line.setAttribute("points", points.map(([t, v]) =>
-        ((t - t0) / (t1 - t0) * w).toFixed(1) + "," + (h - v / top * (h - 14) - 2).toFixed(1)).join(" "));
-      svg.appendChild(line);
-    }
-  }
-
   function render(data) {
     for (const el of document.querySelectorAll("[data-k]")) {
       el.textContent = show(el.dataset.f, at(data, el.dataset.k));
     }
     for (const el of document.querySelectorAll("[data-when]")) el.hidden = !truthy(at(data, el.dataset.when));
     for (const el of document.querySelectorAll("[data-unless]")) el.hidden = truthy(at(data, el.dataset.unless));
-    for (const svg of document.querySelectorAll("svg[data-chart]")) {
-      draw(svg, (data.series || {})[svg.dataset.chart] || {});
+    // The charts are drawn by the server (overview/chart.rs): ask for fresh copies.
+    for (const img of document.querySelectorAll("img[data-chart]")) {
+      img.src = "/console/charts/" + encodeURIComponent(img.dataset.chart) + ".svg?at=" + Date.now();
     }
   }
 
