@@ -20,7 +20,7 @@ pub use connection::{DEFAULT_DATABASE_URL, DatabaseArgs, StreamConnection};
 pub use edge::{EdgeConfig, Served, serve_with};
 pub use exit::{AlreadyReported, Refused, error_chain, report_failure};
 pub use logging::init_logging;
-pub use nats::NatsConnection;
+pub use nats::{NatsConnection, stream_partitions};
 pub use nats_refusal::{NatsRefusal, recent_refusal};
 pub use operator::OperatorToken;
 pub use redact::{redact_text, redact_url, remember_secret, remember_secrets_in};

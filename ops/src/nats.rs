@@ -258,6 +258,21 @@ fn split_credentials(url: &str) -> anyhow::Result<(String, Option<String>, Optio
     Ok((bare, decode(user)?, password))
 }
 
+/// The partitions a stream's configuration splits at the broker (its subject transform is
+/// `domain::wire::partition_transform`'s for `subject_prefix`): 1 when it splits none.
+pub fn stream_partitions(
+    config: &async_nats::jetstream::stream::Config,
+    subject_prefix: &str,
+) -> u32 {
+    config
+        .subject_transform
+        .as_ref()
+        .and_then(|t| {
+            domain::wire::partitions_of_transform(subject_prefix, &t.source, &t.destination)
+        })
+        .unwrap_or(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
