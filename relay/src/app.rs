@@ -59,6 +59,15 @@ struct Connection {
     /// a new stream keeps every message and an existing one keeps its own limit.
     #[arg(long, env = "WAYBILL_STREAM_MAX_AGE", value_name = "DURATION|off", value_parser = max_age, global = true)]
     max_age: Option<Duration>,
+
+    /// Partitions the server splits the stream into (nats-server 2.10+): P > 1 gives the stream a
+    /// subject transform that stores each order's events under `<prefix>.<K>.<type>.<id>`, K its
+    /// partition, so that a projection run with the same --partitions P is delivered each event
+    /// once in all, each partition's consumer its own. Fixed when the stream is created: an
+    /// existing stream with messages and another split is refused. Without it a new stream is not
+    /// split and an existing one keeps its own. See docs/scale-out.md.
+    #[arg(long, env = "WAYBILL_STREAM_PARTITIONS", value_name = "P", value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::MAX_STREAM_PARTITIONS)), global = true)]
+    stream_partitions: Option<u32>,
 }
 
 /// `--max-age`: a duration, or `off` (no limit, which JetStream spells 0).
@@ -77,7 +86,7 @@ fn max_age(text: &str) -> Result<Duration, String> {
     Ok(age)
 }
 
-/// With `--replicas` or `--max-age`: creates or checks the stream with them before anything else
+/// With `--replicas`, `--max-age` or `--stream-partitions`: creates or checks the stream with them before anything else
 /// uses it (the relay's own check then finds it in shape, whatever its replica count and age limit).
 async fn provision_limits(
     connection: &Connection,
@@ -87,6 +96,7 @@ async fn provision_limits(
     let limits = crate::StreamLimits {
         replicas: connection.replicas.map(usize::from),
         max_age: connection.max_age,
+        partitions: connection.stream_partitions,
     };
     if limits == crate::StreamLimits::default() {
         return Ok(None);
@@ -299,7 +309,7 @@ async fn run(cli: Cli, fail_point: FailPoint) -> anyhow::Result<()> {
             if cli.json {
                 println!(
                     "{}",
-                    serde_json::json!({"stream": info.config.name, "subjects": info.config.subjects, "duplicate_window_s": info.config.duplicate_window.as_secs_f64(), "replicas": info.config.num_replicas.max(1), "max_age_s": (!info.config.max_age.is_zero()).then_some(info.config.max_age.as_secs_f64()), "messages": info.state.messages, "first_sequence": info.state.first_sequence})
+                    serde_json::json!({"stream": info.config.name, "subjects": info.config.subjects, "duplicate_window_s": info.config.duplicate_window.as_secs_f64(), "replicas": info.config.num_replicas.max(1), "max_age_s": (!info.config.max_age.is_zero()).then_some(info.config.max_age.as_secs_f64()), "partitions": crate::partitions_of(&info.config, &cli.connection.shared.subject_prefix), "messages": info.state.messages, "first_sequence": info.state.first_sequence})
                 );
             } else {
                 let max_age = if info.config.max_age.is_zero() {
@@ -310,8 +320,15 @@ async fn run(cli: Cli, fail_point: FailPoint) -> anyhow::Result<()> {
                         humantime::format_duration(info.config.max_age)
                     )
                 };
+                let partitions =
+                    crate::partitions_of(&info.config, &cli.connection.shared.subject_prefix);
+                let split = if partitions > 1 {
+                    format!(", split into {partitions} partitions by the server")
+                } else {
+                    String::new()
+                };
                 println!(
-                    "stream {} ready: subjects {:?}, duplicate window {}, {} replica(s), {max_age}, {} messages from sequence {}",
+                    "stream {} ready: subjects {:?}{split}, duplicate window {}, {} replica(s), {max_age}, {} messages from sequence {}",
                     info.config.name,
                     info.config.subjects,
                     humantime::format_duration(info.config.duplicate_window),

@@ -102,6 +102,7 @@ pub async fn publish_runs(
         deadline,
         stopping,
         faults,
+        partitions: tokio::sync::OnceCell::new(),
     };
     let mut results = vec![Vec::new(); runs.len()];
     let mut waiting = runs.iter().enumerate();
@@ -130,6 +131,10 @@ struct ChainPublisher<'a> {
     deadline: Instant,
     stopping: &'a AtomicBool,
     faults: PublishFaults,
+    /// The partitions the stream splits (its subject transform), read once per step and only when a
+    /// subject must be read back: the relay publishes to `<prefix>.<type>.<id>`, a split stream
+    /// stores under `<prefix>.<K>.<type>.<id>`, and the fence reads what is stored.
+    partitions: tokio::sync::OnceCell<u32>,
 }
 
 /// Publishes after a fence refusal, per row, before the row counts as diverged: the stream can
@@ -193,7 +198,7 @@ impl ChainPublisher<'_> {
         for _ in 0..FENCE_ROUNDS {
             let expect = match expected {
                 Some(sequence) => sequence,
-                None => match self.judge(row, subject).await {
+                None => match self.judge(row).await {
                     Ok(Judgement::Expect(sequence)) => sequence,
                     Ok(Judgement::Delivered(sequence)) => return fenced(row, sequence),
                     Ok(Judgement::Diverged(divergence)) => {
@@ -250,9 +255,32 @@ impl ChainPublisher<'_> {
         }
     }
 
+    /// The subject `row`'s aggregate is stored under (see [`wire::stored_subject`]).
+    async fn stored_subject(&self, row: &ClaimedRow) -> Result<String, String> {
+        let partitions = self
+            .partitions
+            .get_or_try_init(|| async {
+                let info = self.stream.get_info().await.map_err(|error| {
+                    format!("reading the stream's settings: {}", error_chain(&error))
+                })?;
+                Ok::<_, String>(crate::stream::partitions_of(
+                    &info.config,
+                    self.subject_prefix,
+                ))
+            })
+            .await?;
+        wire::stored_subject(
+            self.subject_prefix,
+            &row.aggregate_type,
+            row.aggregate_id,
+            *partitions,
+        )
+    }
+
     /// Reads the subject and decides: its last message, and when that is a later version, the message
     /// at the row's version.
-    async fn judge(&self, row: &ClaimedRow, subject: &Subject) -> Result<Judgement, String> {
+    async fn judge(&self, row: &ClaimedRow) -> Result<Judgement, String> {
+        let subject = &self.stored_subject(row).await?;
         let last = fence::last_message(self.stream, subject).await?;
         match fence::judge(row, last.as_ref()) {
             Reading::Judged(judgement) => Ok(judgement),

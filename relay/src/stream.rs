@@ -20,6 +20,21 @@ pub enum ProvisionError {
         /// One sentence per differing setting.
         differences: Vec<String>,
     },
+    /// The stream holds messages under one partition split and was asked for another.
+    #[error(
+        "stream {name} is split into {have} partition(s) and holds messages: it cannot become {want} \
+         (an order's next events would be stored under another subject than its earlier ones, and \
+         the relay's fence would refuse them); provision a new stream with --stream-partitions \
+         {want} (docs/scale-out.md, \"Partitions split by the server\")"
+    )]
+    Resplit {
+        /// The stream.
+        name: String,
+        /// Its partitions now.
+        have: u32,
+        /// The partitions asked for.
+        want: u32,
+    },
     /// The server accepted the stream but did not keep some settings (an older server ignores fields).
     #[error("the server did not keep the requested settings of stream {name}: {}", .differences.join("; "))]
     NotApplied {
@@ -54,6 +69,34 @@ pub struct StreamLimits {
     /// default. History lives in the event store, so a bounded stream costs projections nothing but
     /// a catch-up from the store after a long outage (docs/decisions/stream-retention.md).
     pub max_age: Option<std::time::Duration>,
+    /// Partitions the broker splits the stream into (`--stream-partitions`): P > 1 gives the stream
+    /// a subject transform that adds each aggregate's partition to its subject, so a projection's
+    /// partition consumer is delivered its own partition's events only. Fixed when the stream is
+    /// created (docs/scale-out.md); `Some(1)` is no split.
+    pub partitions: Option<u32>,
+}
+
+/// The most partitions a stream may be split into (the projections' own limit).
+pub const MAX_STREAM_PARTITIONS: u32 = 64;
+
+/// The partitions a stream's configuration splits (1 when it has no partition transform).
+pub fn partitions_of(config: &stream::Config, subject_prefix: &str) -> u32 {
+    ops::stream_partitions(config, subject_prefix)
+}
+
+fn with_partitions(
+    mut config: stream::Config,
+    subject_prefix: &str,
+    partitions: u32,
+) -> stream::Config {
+    config.subject_transform = (partitions > 1).then(|| {
+        let (source, destination) = domain::wire::partition_transform(subject_prefix, partitions);
+        stream::SubjectTransform {
+            source,
+            destination,
+        }
+    });
+    config
 }
 
 /// Why a `--max-age` is refused: too short for the relay's fence or shorter than the dedupe window.
@@ -139,6 +182,20 @@ pub fn differences(actual: &stream::Config, wanted: &stream::Config) -> Vec<Stri
         }
     };
     check("max_age", age(actual.max_age), age(wanted.max_age));
+    let prefix = wanted
+        .subjects
+        .first()
+        .and_then(|s| s.strip_suffix(".>"))
+        .unwrap_or_default();
+    let split = |config: &stream::Config| match (
+        &config.subject_transform,
+        partitions_of(config, prefix),
+    ) {
+        (None, _) => "no split".to_owned(),
+        (Some(_), 1) => "a subject transform of its own".to_owned(),
+        (Some(_), count) => format!("split into {count} partitions"),
+    };
+    check("partitions", split(actual), split(wanted));
     check(
         "max_messages",
         actual.max_messages.to_string(),
@@ -198,7 +255,7 @@ pub async fn ensure_stream_with_replicas(
 ) -> Result<stream::Info, ProvisionError> {
     let limits = StreamLimits {
         replicas,
-        max_age: None,
+        ..StreamLimits::default()
     };
     ensure_stream_with(jetstream, settings, &limits, update).await
 }
@@ -219,6 +276,9 @@ pub async fn ensure_stream_with(
     if let Some(max_age) = limits.max_age {
         wanted.max_age = max_age;
     }
+    if let Some(partitions) = limits.partitions {
+        wanted = with_partitions(wanted, &settings.subject_prefix, partitions);
+    }
     match jetstream.get_stream(&settings.name).await {
         Ok(mut existing) => {
             let info = existing.info().await.map_err(request_failed)?.clone();
@@ -229,6 +289,24 @@ pub async fn ensure_stream_with(
             if limits.max_age.is_none() {
                 // Not asked: a relay started without --max-age keeps the stream's retention.
                 wanted.max_age = info.config.max_age;
+            }
+            if limits.partitions.is_none() {
+                // Not asked: a relay started without --stream-partitions takes the stream's split.
+                wanted.subject_transform = info.config.subject_transform.clone();
+            }
+            let prefix = &settings.subject_prefix;
+            if update
+                && partitions_of(&info.config, prefix) != partitions_of(&wanted, prefix)
+                && info.state.messages > 0
+            {
+                // The fence counts on every event of an aggregate being on one subject: a new split
+                // would store an aggregate's next events under another subject than its earlier
+                // ones, and every later publish would be refused as out of place.
+                return Err(ProvisionError::Resplit {
+                    name: settings.name.clone(),
+                    have: partitions_of(&info.config, prefix),
+                    want: partitions_of(&wanted, prefix),
+                });
             }
             let differences = differences(&info.config, &wanted);
             if differences.is_empty() {

@@ -348,7 +348,8 @@ async fn read_subjects(
             // Not in the store: its type (and so its subject) is unknown; nothing to read.
             continue;
         };
-        let subject = wire::subject_for(subject_prefix, aggregate_type, *id)?;
+        let partitions = crate::stream::partitions_of(&stream.cached_info().config, subject_prefix);
+        let subject = wire::stored_subject(subject_prefix, aggregate_type, *id, partitions)?;
         let entries = fence::read_subject(stream, &subject).await?;
         messages.insert(
             *id,
@@ -364,11 +365,9 @@ async fn read_subjects(
     Ok(messages)
 }
 
-/// `<prefix>.<aggregate type>.<aggregate id>` → its type and id.
+/// A stored subject (`<prefix>.[<K>.]<aggregate type>.<aggregate id>`) → its type and id.
 fn parse_subject(prefix: &str, subject: &str) -> Option<(String, Uuid)> {
-    let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
-    let (aggregate_type, id) = rest.split_once('.')?;
-    Some((aggregate_type.to_owned(), Uuid::parse_str(id).ok()?))
+    wire::parse_stored_subject(prefix, subject).map(|(t, id)| (t.to_owned(), id))
 }
 
 /// One aggregate's comparison.

@@ -280,3 +280,91 @@ async fn verify_names_what_differs_and_repair_makes_the_stream_match_the_store(p
         "{again:?}"
     );
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_stream_the_server_splits_keeps_the_fence_the_divergence_check_and_verify(pool: PgPool) {
+    let h = Harness::new(pool).await;
+    let split = relay::StreamLimits {
+        partitions: Some(2),
+        ..relay::StreamLimits::default()
+    };
+    let mut config = h.config("relay-a");
+    config.stream.duplicate_window = Duration::from_secs(1);
+    relay::ensure_stream_with(&h.jetstream, &config.stream, &split, false)
+        .await
+        .expect("a stream split into 2 partitions");
+    let mut orders = Vec::new();
+    for customer in ["alice", "bob", "carol", "dave", "erin", "frank"] {
+        let order = testkit::place_order(&h.store, customer, &["MUG:1:100"]).await;
+        testkit::pay_order(&h.store, order).await;
+        orders.push(order);
+    }
+    // A relay told nothing of partitions accepts the stream as split.
+    let relay = h.relay(config.clone()).await;
+
+    // Published, then "crashed" before marking; the retry comes after the dedupe window, so only the
+    // fence, which reads the stored subject `<prefix>.<K>.order.<id>`, can recognise the copies.
+    let crashed = relay
+        .clone()
+        .with_fail_point(relay::FailPoint::AbandonAfterPublish);
+    assert!(crashed.step().await.expect("step").simulated_crash);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let report = relay.step().await.expect("step");
+    assert_eq!(
+        (report.published, report.fenced, report.divergences),
+        (12, 12, 0),
+        "{report:?}"
+    );
+    let stream = h.stream().await;
+    let check = testkit::check_stream(&stream, PREFIX);
+    assert!(check.holds() && check.messages == 12, "{check:?}");
+    for message in &stream {
+        let id = message.envelope.aggregate_id;
+        let partition = domain::wire::stream_partition(id, 2);
+        assert_eq!(message.subject, format!("{PREFIX}.{partition}.order.{id}"));
+    }
+    let verified = relay::verify::verify(
+        &h.pool,
+        &h.jetstream,
+        common::STREAM,
+        PREFIX,
+        &relay::verify::VerifyScope::default(),
+        &|_, _| {},
+    )
+    .await
+    .expect("verify");
+    assert!(
+        verified.ok && verified.stream_messages == 12 && verified.foreign_subjects.is_empty(),
+        "{verified:?}"
+    );
+
+    // A store restored behind its stream is still a divergence, found on the stored subject.
+    let order = orders[0];
+    testkit::restore_behind(&h.pool, order.as_uuid(), 1).await;
+    testkit::cancel_order(&h.store, order).await;
+    let report = relay.step().await.expect("step");
+    assert_eq!(report.divergences, 1, "{report:?}");
+    let (status, divergence) = row_state(&h.pool, order, 2).await;
+    assert_ne!(status, "sent");
+    assert!(divergence.is_some());
+
+    // The split is fixed while the stream holds messages: another one is refused, naming why.
+    let resplit = relay::StreamLimits {
+        partitions: Some(4),
+        ..relay::StreamLimits::default()
+    };
+    let refused = relay::ensure_stream_with(&h.jetstream, &config.stream, &resplit, true)
+        .await
+        .expect_err("a new split under stored messages");
+    assert!(
+        matches!(
+            refused,
+            relay::ProvisionError::Resplit {
+                have: 2,
+                want: 4,
+                ..
+            }
+        ),
+        "{refused}"
+    );
+}
