@@ -79,7 +79,9 @@ impl AccountsLayout<'_> {
         let mut consumers = vec![name.to_owned(), format!("{name}_rebuild")];
         for count in 2..=self.max_partitions {
             let layout = crate::Partitions::new(count, &[]).expect("a count within the maximum");
+            let by_server = layout.clone().split_by_server();
             consumers.extend((0..count).map(|k| layout.consumer_name(name, k)));
+            consumers.extend((0..count).map(|k| by_server.consumer_name(name, k)));
         }
         consumers
     }
@@ -134,8 +136,9 @@ accounts {{
 
       # A projection consumes through its own durable consumers and publishes nothing but JetStream
       # API requests for them and acknowledgements of their messages: the one named after it,
-      # <name>_rebuild while `rebuild` builds the new state, and <name>-p<K>of<P> for each partition
-      # of every layout with P up to {max}; and its partition leases, the key-value bucket
+      # <name>_rebuild while `rebuild` builds the new state, and <name>-p<K>of<P> (and, on a stream
+      # the server splits, <name>-s<K>of<P>) for each partition of every layout with P up to {max};
+      # and its partition leases, the key-value bucket
       # <stream>_leases_<name>. Another projection's consumers and leases are out of its reach.
 ",
             max = self.max_partitions,
@@ -258,9 +261,14 @@ mod tests {
                 "points_rebuild",
                 "points-p0of2",
                 "points-p1of2",
+                "points-s0of2",
+                "points-s1of2",
                 "points-p0of3",
                 "points-p1of3",
-                "points-p2of3"
+                "points-p2of3",
+                "points-s0of3",
+                "points-s1of3",
+                "points-s2of3"
             ]
         );
         let text = layout.render();
@@ -272,6 +280,7 @@ mod tests {
         let inventory = user("inventory");
         assert!(inventory.contains("CONSUMER.CREATE.WAYBILL_EVENTS.inventory-p2of3\""));
         assert!(inventory.contains("$JS.ACK.WAYBILL_EVENTS.inventory-p1of2.>"));
+        assert!(inventory.contains("CONSUMER.CREATE.WAYBILL_EVENTS.inventory-s1of3.>"));
         assert!(!inventory.contains("points") && !inventory.contains("search"));
         assert!(
             !inventory.contains('*'),

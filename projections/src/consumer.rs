@@ -110,6 +110,11 @@ impl<P: Projection> Runner<P> {
         deliver_policy: DeliverPolicy,
     ) -> pull::Config {
         let partitions = &self.config.partitions;
+        // Which partition the consumer serves, for its filter (split by the server, each partition's
+        // consumer reads its own subjects only).
+        let partition_of_consumer = (0..partitions.count())
+            .find(|&k| self.partition_consumer(k) == name)
+            .unwrap_or(0);
         let description = if partitions.is_single() {
             format!("waybill {} projection", P::NAME)
         } else {
@@ -129,7 +134,7 @@ impl<P: Projection> Runner<P> {
             // however long the outage lasts (the runner parks poison itself, then terminates it).
             max_deliver: -1,
             max_ack_pending: self.config.max_ack_pending,
-            filter_subject: domain::wire::all_subjects(&self.config.subject_prefix),
+            filter_subject: partitions.filter(&self.config.subject_prefix, partition_of_consumer),
             ..Default::default()
         }
     }
@@ -378,7 +383,10 @@ pub(crate) fn differences(actual: &pull::Config, wanted: &pull::Config) -> Vec<C
         differ(
             "filter_subject",
             format!("{:?}", actual.filter_subject),
-            format!("{:?} (every event of the stream)", wanted.filter_subject),
+            format!(
+                "{:?} (every event of the stream, or its partition's when the stream is split)",
+                wanted.filter_subject
+            ),
             false,
         );
     }

@@ -184,10 +184,21 @@ impl RawMessage {
     }
 }
 
-/// The aggregate type a subject `<prefix>.<aggregate type>.<aggregate id>` names, or `None` when the
-/// subject has another shape (then the message is decoded, and parked if it is not an event).
+/// The aggregate type a subject `<prefix>.<aggregate type>.<aggregate id>` names (with the partition
+/// token before the type, `<prefix>.<K>.<type>.<id>`, in a stream the server splits), or `None` when
+/// the subject has another shape (then the message is decoded, and parked if it is not an event).
 pub fn subject_aggregate_type<'a>(prefix: &str, subject: &'a str) -> Option<&'a str> {
     let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
+    let rest = match rest.split_once('.') {
+        Some((partition, after))
+            if !partition.is_empty()
+                && partition.bytes().all(|b| b.is_ascii_digit())
+                && after.contains('.') =>
+        {
+            after
+        }
+        _ => rest,
+    };
     let (aggregate_type, id) = rest.split_once('.')?;
     (!id.contains('.') && !aggregate_type.is_empty()).then_some(aggregate_type)
 }
@@ -375,11 +386,17 @@ mod tests {
             subject_aggregate_type("waybill.events", &format!("waybill.events.customer.{id}")),
             Some("customer")
         );
+        assert_eq!(
+            subject_aggregate_type("waybill.events", &format!("waybill.events.1.customer.{id}")),
+            Some("customer"),
+            "the partition token of a stream the server splits"
+        );
         for other in [
             "waybill.events.garbage".to_owned(),
             format!("waybill.events.a.b.{id}"),
             format!("waybill.eventsx.order.{id}"),
             format!("waybill.events..{id}"),
+            format!("waybill.events.1.2.order.{id}"),
         ] {
             assert_eq!(
                 subject_aggregate_type("waybill.events", &other),

@@ -12,10 +12,17 @@
 //! parks a message whose body names another order than its subject, so an order's events — the ones
 //! that are applied — all fall in the partition of its subject.
 //!
-//! nats-server 2.9 has neither several filter subjects per consumer nor subject transforms, and a
-//! filter cannot express "hash modulo P": each partition's consumer reads the whole stream and the
-//! runner acks the other partitions' messages without applying them. A 2.10+ server could move that
-//! filtering to the broker (a subject transform adding a partition token, one filter per consumer).
+//! Two layouts, chosen when the runner connects, each with its own function and its own consumer
+//! names so that a consumer never changes function under its position:
+//!
+//! - **Split by the server** (the stream was provisioned with `--stream-partitions P`, nats-server
+//!   2.10+, and the projection runs with the same P): the stream's subject transform stores each
+//!   event under `<prefix>.<K>.<type>.<id>`, K = `domain::wire::stream_partition` (FNV-1a of the id,
+//!   the server's own function), and partition K's consumer `<name>-s<K>of<P>` filters on
+//!   `<prefix>.<K>.>`: the broker delivers each event once in all.
+//! - **Split by the instance** (any other stream or P): partition K's consumer `<name>-p<K>of<P>`
+//!   reads the whole stream and the runner acks the other partitions' messages without applying
+//!   them (P deliveries per event); the partition is the id as a number modulo P.
 
 use std::fmt;
 
@@ -57,6 +64,8 @@ pub enum PartitionError {
 pub struct Partitions {
     count: u32,
     owned: Vec<u32>,
+    /// Split by the server (the stream's subject transform) rather than by the instance.
+    by_server: bool,
 }
 
 impl Default for Partitions {
@@ -71,6 +80,7 @@ impl Partitions {
         Self {
             count: 1,
             owned: vec![0],
+            by_server: false,
         }
     }
 
@@ -93,7 +103,25 @@ impl Partitions {
         };
         owned.sort_unstable();
         owned.dedup();
-        Ok(Self { count, owned })
+        Ok(Self {
+            count,
+            owned,
+            by_server: false,
+        })
+    }
+
+    /// The same layout, split by the server: the stream splits this many partitions itself.
+    pub fn split_by_server(self) -> Self {
+        Self {
+            by_server: self.count > 1,
+            ..self
+        }
+    }
+
+    /// True when the stream's subject transform splits the partitions and each consumer filters on
+    /// its own (see the module's documentation).
+    pub fn is_split_by_server(&self) -> bool {
+        self.by_server
     }
 
     /// The partition count, P.
@@ -113,7 +141,21 @@ impl Partitions {
 
     /// The partition of an order.
     pub fn of_aggregate(&self, aggregate_id: Uuid) -> u32 {
-        partition_of(aggregate_id, self.count)
+        if self.by_server {
+            domain::wire::stream_partition(aggregate_id, self.count)
+        } else {
+            partition_of(aggregate_id, self.count)
+        }
+    }
+
+    /// The filter of partition `partition`'s consumer: its own partition's subjects when the server
+    /// splits, else every subject under `prefix`.
+    pub fn filter(&self, prefix: &str, partition: u32) -> String {
+        if self.by_server {
+            domain::wire::partition_filter(prefix, partition)
+        } else {
+            domain::wire::all_subjects(prefix)
+        }
     }
 
     /// The partition of a message, from its subject's last token (partition 0 when that is not a
@@ -130,12 +172,13 @@ impl Partitions {
     }
 
     /// The durable consumer of partition `partition`: `base` itself when there is one partition (the
-    /// consumer keeps its name), else `<base>-p<K>of<P>`.
+    /// consumer keeps its name), else `<base>-p<K>of<P>`, or `<base>-s<K>of<P>` split by the server.
     pub fn consumer_name(&self, base: &str, partition: u32) -> String {
         if self.is_single() {
             base.to_owned()
         } else {
-            format!("{base}-p{partition}of{}", self.count)
+            let split = if self.by_server { 's' } else { 'p' };
+            format!("{base}-{split}{partition}of{}", self.count)
         }
     }
 
@@ -226,5 +269,31 @@ mod tests {
         assert_eq!(some.consumer_name("points", 2), "points-p2of3");
         assert_eq!(Partitions::single().consumer_name("points", 0), "points");
         assert_eq!(some.to_string(), "0,2 of 3");
+    }
+
+    #[test]
+    fn split_by_the_server_the_layout_takes_the_servers_function_its_names_and_filters() {
+        let by_instance = Partitions::new(2, &[]).expect("layout");
+        let by_server = by_instance.clone().split_by_server();
+        assert!(by_server.is_split_by_server() && !by_instance.is_split_by_server());
+        assert_eq!(by_server.consumer_name("points", 1), "points-s1of2");
+        assert_eq!(by_server.filter("w.e", 1), "w.e.1.>");
+        assert_eq!(by_instance.filter("w.e", 1), "w.e.>");
+        // The server's partition (FNV-1a of the id), as nats-server 2.15.1 computed it.
+        let id = Uuid::parse_str("0190a1b2-0000-7000-8000-000000000001").expect("uuid");
+        assert_eq!(by_server.of_aggregate(id), 1);
+        let id = Uuid::parse_str("0190a1b2-0000-7000-8000-000000000003").expect("uuid");
+        assert_eq!(by_server.of_aggregate(id), 1);
+        let id = Uuid::parse_str("0190a1b2-0000-7000-8000-000000000002").expect("uuid");
+        assert_eq!(by_server.of_aggregate(id), 0);
+        let id = Uuid::parse_str("0190a1b2-0000-7000-8000-00000000000a").expect("uuid");
+        assert_ne!(
+            by_server.of_aggregate(id),
+            by_instance.of_aggregate(id),
+            "two functions: a consumer never changes from one to the other (its own name)"
+        );
+        // A stored subject carries the partition before the type; the id is still the last token.
+        assert_eq!(by_server.of_subject(&format!("w.e.0.order.{id}")), 0);
+        assert!(!Partitions::single().split_by_server().is_split_by_server());
     }
 }

@@ -164,10 +164,12 @@ impl<P: Projection> Runner<P> {
                 projection: P::NAME,
                 source: source.into(),
             })?;
+        let jetstream = jetstream::new(client.clone());
+        let config = split_by_the_stream::<P>(&jetstream, config).await;
         Ok(Self {
             projection: Arc::new(projection),
             pool,
-            jetstream: jetstream::new(client.clone()),
+            jetstream,
             client,
             upcasters: config
                 .max_versions
@@ -345,4 +347,47 @@ pub(crate) fn sqlx_causes(error: &ApplyError) -> impl Iterator<Item = &sqlx::Err
         cause.source()
     })
     .filter_map(|cause| cause.downcast_ref::<sqlx::Error>())
+}
+
+/// `config` with its partitions split by the server when the stream splits exactly as many
+/// (`waybill-relay provision --stream-partitions P`); otherwise as it was, each partition's consumer
+/// reading the whole stream. A stream that cannot be read yet (not provisioned) splits nothing: the
+/// next start looks again, and its consumers have names of their own (`partition.rs`).
+async fn split_by_the_stream<P: Projection>(
+    jetstream: &jetstream::Context,
+    mut config: RunnerConfig,
+) -> RunnerConfig {
+    let count = config.partitions.count();
+    if count <= 1 {
+        return config;
+    }
+    let split = match jetstream.get_stream(&config.stream).await {
+        Ok(stream) => Some(ops::stream_partitions(
+            &stream.cached_info().config,
+            &config.subject_prefix,
+        )),
+        Err(_) => None,
+    };
+    match split {
+        Some(split) if split == count => {
+            tracing::info!(
+                projection = P::NAME,
+                partitions = count,
+                "the stream splits the partitions: each partition's consumer is delivered its own events only"
+            );
+            config.partitions = config.partitions.split_by_server();
+        }
+        Some(split) if split > 1 => tracing::warn!(
+            projection = P::NAME,
+            partitions = count,
+            stream_partitions = split,
+            "the stream splits another number of partitions: each of this projection's partition consumers reads the whole stream"
+        ),
+        _ => tracing::info!(
+            projection = P::NAME,
+            partitions = count,
+            "the stream does not split partitions: each partition's consumer reads the whole stream (waybill-relay provision --stream-partitions P splits it at the broker)"
+        ),
+    }
+    config
 }

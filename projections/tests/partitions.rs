@@ -240,6 +240,73 @@ async fn two_instances_with_different_partitions_apply_everything_once_in_order(
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
+async fn split_by_the_server_each_event_is_delivered_once_in_all(pool: PgPool) {
+    let h = Harness::split(&pool, 2).await;
+    let orders = workload(120);
+    let published = publish(&h, &orders).await as u64;
+    let (want_stock, want_balances) = expected(&orders);
+
+    for tallies in [
+        run_partitions(&h, Inventory, 2, 16).await,
+        run_partitions(&h, Points, 2, 16).await,
+    ] {
+        let messages: u64 = tallies.iter().map(|t| t.messages).sum();
+        let applied: u64 = tallies.iter().map(|t| t.applied).sum();
+        assert_eq!(
+            (messages, applied),
+            (published, published),
+            "each event delivered once in all and applied once: {tallies:?}"
+        );
+        for tally in &tallies {
+            assert_eq!(tally.skipped, 0, "nothing of another partition: {tally:?}");
+            assert!(tally.applied > 0, "both partitions have work: {tallies:?}");
+        }
+    }
+    assert_eq!(stock(&pool).await, want_stock, "as one instance folds it");
+    assert_eq!(balances(&pool).await, want_balances);
+
+    // The broker's own view: each partition's consumer filters on its partition, and the two were
+    // delivered the stream once between them.
+    let mut stream = h.jetstream.get_stream(STREAM).await.expect("stream");
+    let stored = stream.info().await.expect("info").state.messages;
+    assert_eq!(stored, published);
+    for projection in [Inventory::NAME, Points::NAME] {
+        let mut delivered = 0;
+        for partition in 0..2 {
+            let name = format!("{projection}-s{partition}of2");
+            let info = stream
+                .consumer_info(&name)
+                .await
+                .expect("the partition's consumer");
+            assert_eq!(
+                info.config.filter_subject,
+                format!("{PREFIX}.{partition}.>"),
+                "{name}"
+            );
+            assert_eq!((info.num_pending, info.num_ack_pending), (0, 0), "{name}");
+            delivered += info.delivered.consumer_sequence;
+        }
+        assert_eq!(delivered, published, "{projection}: one delivery per event");
+        let whole_stream = stream.consumer_info(format!("{projection}-p0of2")).await;
+        assert!(
+            whole_stream.is_err(),
+            "no consumer of the whole stream was made"
+        );
+    }
+    // Every order's events went to the partition its subject names, which is the runner's own.
+    let layout = Partitions::new(2, &[]).expect("layout").split_by_server();
+    let mut messages = testkit::stream_events(&h.jetstream, STREAM).await;
+    assert_eq!(messages.len() as u64, published);
+    for message in messages.drain(..) {
+        let id = message.envelope.aggregate_id;
+        assert_eq!(
+            message.subject,
+            format!("{PREFIX}.{}.order.{id}", layout.of_aggregate(id))
+        );
+    }
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
 async fn an_orders_events_all_go_to_one_partition(pool: PgPool) {
     let h = Harness::new(&pool).await;
     let orders = workload(40);

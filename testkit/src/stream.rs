@@ -83,7 +83,8 @@ impl StreamCheck {
 }
 
 /// Checks `events` (in stream order) from first principles: each event once, each aggregate's versions
-/// 1..n in order, each on its aggregate's subject under `prefix`, and each message fenced on the
+/// 1..n in order, each on its aggregate's subject under `prefix` (with the partition token of a stream
+/// the server splits), and each message fenced on the
 /// sequence of the previous message on its subject.
 pub fn check_stream(events: &[StoredEvent], prefix: &str) -> StreamCheck {
     let mut check = StreamCheck {
@@ -104,11 +105,14 @@ pub fn check_stream(events: &[StoredEvent], prefix: &str) -> StreamCheck {
         if expected != Some(previous.unwrap_or(0)) {
             check.fence_mismatches.push(event.sequence);
         }
-        let subject = format!(
-            "{prefix}.{}.{}",
-            event.envelope.aggregate_type, event.envelope.aggregate_id
+        // Its aggregate's subject, as published or as a stream that splits partitions stores it
+        // (`<prefix>.<K>.<type>.<id>`).
+        let own = domain::wire::parse_stored_subject(prefix, &event.subject).is_some_and(
+            |(aggregate_type, id)| {
+                aggregate_type == event.envelope.aggregate_type && id == event.envelope.aggregate_id
+            },
         );
-        if event.subject != subject {
+        if !own {
             check.wrong_subject.push(event.sequence);
         }
     }

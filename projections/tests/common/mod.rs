@@ -30,6 +30,15 @@ impl Harness {
 
     /// With JetStream's dedupe window this short, the same message id can be stored again after it.
     pub(crate) async fn with_duplicate_window(pool: &PgPool, duplicate_window: Duration) -> Self {
+        Self::with_stream(pool, duplicate_window, 1).await
+    }
+
+    /// With a stream the server splits into `partitions` partitions (`--stream-partitions`).
+    pub(crate) async fn split(pool: &PgPool, partitions: u32) -> Self {
+        Self::with_stream(pool, StreamSettings::default().duplicate_window, partitions).await
+    }
+
+    async fn with_stream(pool: &PgPool, duplicate_window: Duration, partitions: u32) -> Self {
         let nats = NatsServer::start().expect("nats-server");
         let client = async_nats::connect(nats.url()).await.expect("connect");
         let jetstream = jetstream::new(client);
@@ -38,7 +47,11 @@ impl Harness {
             subject_prefix: PREFIX.into(),
             duplicate_window,
         };
-        relay::ensure_stream(&jetstream, &settings, false)
+        let limits = relay::StreamLimits {
+            partitions: Some(partitions),
+            ..relay::StreamLimits::default()
+        };
+        relay::ensure_stream_with(&jetstream, &settings, &limits, false)
             .await
             .expect("stream");
         Self {
