@@ -203,10 +203,13 @@ impl StreamSource {
     /// acknowledgements, nothing left behind but an ephemeral consumer the server removes).
     pub(crate) async fn order_messages(&self, order: Uuid) -> Result<Vec<StreamCopy>, String> {
         let context = self.context()?;
-        let subject = format!("{}.{}.{order}", self.prefix, domain::AGGREGATE_TYPE);
-        let stream = timed(context.get_stream_no_info(&self.name), "finding the stream")
+        let stream = timed(context.get_stream(&self.name), "finding the stream")
             .await?
             .map_err(|e| format!("stream {}: {e}", self.name))?;
+        // A stream the server splits into partitions stores the order under its partition's subject.
+        let partitions = ops::stream_partitions(&stream.cached_info().config, &self.prefix);
+        let subject =
+            domain::wire::stored_subject(&self.prefix, domain::AGGREGATE_TYPE, order, partitions)?;
         // Empty subjects are answered by the stream's per-subject index without a consumer.
         match timed(
             stream.get_last_raw_message_by_subject(&subject),

@@ -183,10 +183,13 @@ impl Fleet {
         // The stream, once, before two relays start: each then only verifies it.
         let window = humantime::format_duration(DEDUPE_WINDOW).to_string();
         let replicas = servers.nats_nodes.to_string();
+        let split = CLUSTER_PARTITIONS.to_string();
         let mut provision = vec!["provision", "--duplicate-window", &window];
         if cluster {
-            // Three replicas: the stream stays writable while one node is down.
-            provision.extend(["--replicas", &replicas]);
+            // Three replicas: the stream stays writable while one node is down. Split by the
+            // server into the projections' partitions: each partition's consumer is delivered its
+            // own events only, and the fence works on the stored (partitioned) subjects.
+            provision.extend(["--replicas", &replicas, "--stream-partitions", &split]);
         }
         run_once(&binaries.relay, &provision, "provision", &env, &logs).await?;
 
@@ -373,8 +376,10 @@ impl Fleet {
     /// Every projection's durable consumers (the read models' too), by projection: the one named
     /// after it, or one per partition (`<name>-p<K>of<P>`).
     pub(super) fn consumers(&self) -> Vec<(&'static str, String)> {
+        // With partitions the stream is split by the server (see `start`): their consumers' names.
         let layout = projections::Partitions::new(self.partitions, &[])
-            .unwrap_or_else(|_| projections::Partitions::single());
+            .unwrap_or_else(|_| projections::Partitions::single())
+            .split_by_server();
         projections::registry::names()
             .into_iter()
             .flat_map(|projection| {

@@ -47,7 +47,9 @@ fn describe(copies: &[Copy]) -> String {
 pub(super) struct Watched {
     /// The event.
     pub event_id: Uuid,
-    subject: String,
+    order: Uuid,
+    aggregate_type: String,
+    prefix: String,
     stream: String,
 }
 
@@ -66,11 +68,11 @@ impl Watched {
         .fetch_one(pool)
         .await
         .context("reading the first event")?;
-        let subject = domain::wire::subject_for(prefix, &aggregate_type, order)
-            .map_err(anyhow::Error::msg)?;
         Ok(Self {
             event_id,
-            subject,
+            order,
+            aggregate_type,
+            prefix: prefix.to_owned(),
             stream: stream.to_owned(),
         })
     }
@@ -78,12 +80,21 @@ impl Watched {
     /// Every copy of the event in the stream. Read through its aggregate's subject alone: walking the
     /// whole stream message by message took seconds once the story had written thousands of events.
     pub(super) async fn copies(&self, js: &jetstream::Context) -> anyhow::Result<Vec<Copy>> {
-        let stream = js.get_stream_no_info(&self.stream).await?;
+        let stream = js.get_stream(&self.stream).await?;
+        // Where the stream stores the order: its subject, with its partition when the stream splits.
+        let partitions = ops::stream_partitions(&stream.cached_info().config, &self.prefix);
+        let subject = domain::wire::stored_subject(
+            &self.prefix,
+            &self.aggregate_type,
+            self.order,
+            partitions,
+        )
+        .map_err(anyhow::Error::msg)?;
         let mut copies = Vec::new();
         let mut from = 1;
         loop {
             match stream
-                .get_first_raw_message_by_subject(&self.subject, from)
+                .get_first_raw_message_by_subject(&subject, from)
                 .await
             {
                 Ok(message) => {
@@ -104,7 +115,7 @@ impl Watched {
                     return Ok(copies);
                 }
                 Err(error) => {
-                    return Err(error).with_context(|| format!("reading {}", self.subject));
+                    return Err(error).with_context(|| format!("reading {subject}"));
                 }
             }
         }
