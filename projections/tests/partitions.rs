@@ -293,6 +293,19 @@ async fn split_by_the_server_each_event_is_delivered_once_in_all(pool: PgPool) {
             "no consumer of the whole stream was made"
         );
     }
+    // Another P on the same stream (a partition count being changed) is split by the instances, over
+    // the whole stream: every event is there, and nothing is applied twice.
+    let resized = run_partitions(&h, Inventory, 3, 16).await;
+    let messages: u64 = resized.iter().map(|t| t.messages).sum();
+    let applied: u64 = resized.iter().map(|t| t.applied).sum();
+    assert_eq!((messages, applied), (published, 0), "{resized:?}");
+    assert!(resized.iter().all(|t| t.skipped > 0), "{resized:?}");
+    stream
+        .consumer_info("inventory-p0of3")
+        .await
+        .expect("split by the instance");
+    assert_eq!(stock(&pool).await, want_stock);
+
     // Every order's events went to the partition its subject names, which is the runner's own.
     let layout = Partitions::new(2, &[]).expect("layout").split_by_server();
     let mut messages = testkit::stream_events(&h.jetstream, STREAM).await;
