@@ -56,6 +56,30 @@ fn the_bench_measures_every_part_and_reports_every_key() {
         let rate = report["projections"][key].as_f64();
         assert!(rate.is_some_and(|r| r > 0.0), "projections.{key}: {report}");
     }
+    // Split by the server: every instance count applies the stream with one delivery per event.
+    let scaling = &report["projections"]["scaling"];
+    let counts: Vec<u64> = scaling["instances"]
+        .as_array()
+        .expect("projections.scaling.instances")
+        .iter()
+        .map(|figure| {
+            assert!(
+                figure["events_per_s"].as_f64().is_some_and(|r| r > 0.0),
+                "{figure}"
+            );
+            assert_eq!(figure["deliveries_per_event"], 1.0, "{figure}");
+            figure["instances"].as_u64().expect("a count")
+        })
+        .collect();
+    assert_eq!(counts, [1, 2, 4], "{scaling}");
+    let takeover = scaling["takeover_seconds"]
+        .as_f64()
+        .expect("takeover_seconds");
+    let lease = scaling["lease_seconds"].as_f64().expect("lease_seconds");
+    assert!(
+        takeover >= lease * 0.5 && takeover < lease * 4.0,
+        "a dead instance's partitions wait about its lease: {scaling}"
+    );
     assert_eq!(report["e2e"]["rate"], 100);
     let (p50, p99) = (
         report["e2e"]["p50_ms"].as_f64().expect("e2e.p50_ms"),

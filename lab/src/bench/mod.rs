@@ -12,6 +12,7 @@ mod plot;
 mod projections;
 mod relay;
 mod report;
+mod scaling;
 mod usage;
 mod writers;
 
@@ -222,6 +223,28 @@ async fn fresh_stream(
         ..::relay::StreamSettings::default()
     };
     ::relay::ensure_stream(&js, &settings, false).await?;
+    Ok(js)
+}
+
+/// A fresh stream `name` that the server splits into `partitions` partitions.
+async fn fresh_split_stream(
+    nats_url: &str,
+    name: &str,
+    prefix: &str,
+    partitions: u32,
+) -> anyhow::Result<async_nats::jetstream::Context> {
+    let js = async_nats::jetstream::new(async_nats::connect(nats_url).await?);
+    let _ = js.delete_stream(name).await;
+    let settings = ::relay::StreamSettings {
+        name: name.into(),
+        subject_prefix: prefix.into(),
+        ..::relay::StreamSettings::default()
+    };
+    let limits = ::relay::StreamLimits {
+        partitions: Some(partitions),
+        ..::relay::StreamLimits::default()
+    };
+    ::relay::ensure_stream_with(&js, &settings, &limits, false).await?;
     Ok(js)
 }
 

@@ -1,7 +1,8 @@
 //! Each projection's apply rate: the projection's runner (the code its binary runs) consumes a stream
 //! pre-filled with order lifecycles — placed, paid, then shipped (two in three) or cancelled, 200 SKUs,
 //! 1,000 customers — published as the relay publishes them (subject and headers), in batches of its
-//! default size, from a reset state to the last event.
+//! default size, from a reset state to the last event; then inventory on the same events in a stream
+//! the server splits into partitions (`scaling`).
 
 use std::time::Instant;
 
@@ -14,11 +15,15 @@ use serde::Serialize;
 use testkit::stats::median;
 use uuid::Uuid;
 
+use super::scaling::{self, ScalingFigures};
 use super::{Profile, Progress};
 use crate::demo::services::Services;
 
 const STREAM: &str = "BENCH_PROJECTIONS";
 const PREFIX: &str = "bench.projections";
+/// The stream split by the server, for the scaling figures.
+const SPLIT_STREAM: &str = "BENCH_SPLIT";
+const SPLIT_PREFIX: &str = "bench.split";
 const DATABASE: &str = "waybill_bench_projections";
 
 /// Events applied per second, per projection (medians over the rounds).
@@ -31,6 +36,8 @@ pub(super) struct ProjectionFigures {
     pub events: usize,
     /// Every round's rate, per projection.
     pub runs: serde_json::Value,
+    /// Inventory on a stream split by the server: 1, 2 and 4 instances, and a dead one's takeover.
+    pub scaling: ScalingFigures,
 }
 
 /// Fills the stream once and measures the three projections.
@@ -49,12 +56,31 @@ pub(super) async fn measure(
     let points = rounds(Points, wiring, events, progress).await?;
     let search = rounds(Search, wiring, events, progress).await?;
     js.delete_stream(STREAM).await?;
+
+    let js = super::fresh_split_stream(
+        &services.nats_url,
+        SPLIT_STREAM,
+        SPLIT_PREFIX,
+        scaling::PARTITIONS,
+    )
+    .await?;
+    fill_stream(&js, SPLIT_PREFIX, events).await?;
+    let split = scaling::Wiring {
+        url: &url,
+        nats_url: &services.nats_url,
+        stream: SPLIT_STREAM,
+        prefix: SPLIT_PREFIX,
+        rounds: profile.rounds,
+    };
+    let scaling = scaling::measure(&split, events, progress).await?;
+    js.delete_stream(SPLIT_STREAM).await?;
     Ok(ProjectionFigures {
         inventory: median(inventory.clone()),
         points: median(points.clone()),
         search: median(search.clone()),
         events,
         runs: serde_json::json!({"inventory": inventory, "points": points, "search": search}),
+        scaling,
     })
 }
 

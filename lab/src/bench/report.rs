@@ -243,6 +243,25 @@ impl Report {
                 "\nprojections, applying {} events (events/s): inventory {:.0}, points {:.0}, search {:.0}",
                 pr.events, pr.inventory, pr.points, pr.search
             );
+            let sc = &pr.scaling;
+            let each: Vec<String> = sc
+                .instances
+                .iter()
+                .map(|i| {
+                    format!(
+                        "{} instance(s) {:.0}/s ({:.2} deliveries per event)",
+                        i.instances, i.events_per_s, i.deliveries_per_event
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "  inventory on {} partitions split by the server: {}; a dead instance's partitions taken over in {:.1} s (lease {:.0} s)",
+                sc.partitions,
+                each.join(", "),
+                sc.takeover_seconds,
+                sc.lease_seconds
+            );
         }
         if let Some(pl) = &self.pipeline {
             let _ = writeln!(
