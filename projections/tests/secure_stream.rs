@@ -263,3 +263,77 @@ async fn shared_partitions_take_their_leases_under_the_shipped_accounts(pool: Pg
     }
     running.start_kill().expect("kill");
 }
+
+/// On a stream the server splits, each partition's consumer (`inventory-s<K>of2`, filtered on its
+/// partition) runs as the projection's own user under the shipped accounts, and the two are
+/// delivered each event once between them.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn partitions_split_by_the_server_run_under_the_shipped_accounts(pool: PgPool) {
+    let secure = SecureNats::start(STREAM, PREFIX);
+    let url = testkit::database_url(&pool).await;
+    let relay_nats = ops::NatsConnection {
+        ca: Some(secure.ca.clone()),
+        ..ops::NatsConnection::from(secure.url_for("relay", RELAY_PASSWORD))
+    };
+    let relay = Relay::connect(&url, relay_nats, RelayConfig::default())
+        .await
+        .expect("relay over TLS");
+    let settings = StreamSettings {
+        name: STREAM.into(),
+        subject_prefix: PREFIX.into(),
+        ..StreamSettings::default()
+    };
+    let split = relay::StreamLimits {
+        partitions: Some(2),
+        ..relay::StreamLimits::default()
+    };
+    relay::ensure_stream_with(relay.jetstream(), &settings, &split, false)
+        .await
+        .expect("the relay's user provisions a split stream");
+    for n in 0..6 {
+        relay_an_order(&pool, &secure, &[&format!("SKU{n}:1:100")]).await;
+    }
+    let as_inventory = secure.url_for("inventory", INVENTORY_PASSWORD);
+    let mut messages = 0;
+    for k in ["0", "1"] {
+        let output = inventory(
+            &url,
+            &as_inventory,
+            &secure.ca,
+            &[
+                "--json",
+                "run",
+                "--once",
+                "--partitions",
+                "2",
+                "--partition",
+                k,
+            ],
+        )
+        .output()
+        .await
+        .expect("waybill-inventory runs");
+        let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "partition {k}: {printed}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let summary: serde_json::Value = serde_json::from_str(printed.trim()).expect("JSON");
+        assert_eq!(
+            summary["tally"]["skipped"],
+            serde_json::Value::Null,
+            "{summary}"
+        );
+        messages += summary["tally"]["messages"].as_u64().expect("messages");
+    }
+    assert_eq!(
+        messages, 6,
+        "each event delivered once between the two partitions"
+    );
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM inventory.checkpoints")
+        .fetch_one(&pool)
+        .await
+        .expect("checkpoints");
+    assert_eq!(applied, 6);
+}
