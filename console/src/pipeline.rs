@@ -13,7 +13,7 @@ use tokio::sync::Mutex;
 
 use crate::readside::{self, ProjectionState};
 use crate::relays::{self, RelayMetricsView};
-use crate::stream::{ConsumerView, StreamSource, StreamView};
+use crate::stream::{ConsumerView, PartitionView, StreamSource, StreamView};
 use crate::upstream::Endpoint;
 
 /// Samples kept: ten minutes at one sample every two seconds.
@@ -56,6 +56,8 @@ pub(crate) struct ProjectionView {
     pub state: ProjectionState,
     /// Its durable consumer, when NATS answered.
     pub consumer: Option<ConsumerView>,
+    /// Its partitions' consumers and who holds each (empty when it is not partitioned).
+    pub partitions: Vec<PartitionView>,
     /// Messages of the stream it has not settled (undelivered + unacknowledged), when known.
     pub behind_stream: Option<u64>,
     /// Events of the aggregate types it reads stored but not applied by it (stored − applied), when
@@ -130,7 +132,16 @@ impl Snapshot {
         for &name in names {
             let state = readside::state(pool, name).await;
             let consumer = stream.consumers.iter().find(|c| c.name == name).cloned();
-            let behind_stream = consumer.as_ref().filter(|c| c.found).map(ConsumerView::lag);
+            let partitions = stream.partitions.get(name).cloned().unwrap_or_default();
+            // A partitioned projection is behind by what its partitions' consumers have not settled.
+            let behind_stream = consumer
+                .as_ref()
+                .filter(|c| c.found)
+                .map(ConsumerView::lag)
+                .or_else(|| {
+                    (!partitions.is_empty())
+                        .then(|| partitions.iter().map(|p| p.consumer.lag()).sum())
+                });
             let reads = projections::registry::aggregates(name).unwrap_or_default();
             let of_its_types = events.stored.map(|_| {
                 reads
@@ -144,6 +155,7 @@ impl Snapshot {
                     .map(|(stored, applied)| (stored - applied).max(0)),
                 state,
                 consumer,
+                partitions,
                 behind_stream,
                 reads,
                 about: projections::registry::model(name).map(|model| model.about()),

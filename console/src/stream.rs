@@ -3,6 +3,7 @@
 //! the background and retried, and until it exists (or while it is down) every reading says why it
 //! is unavailable instead of failing the page.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -56,6 +57,36 @@ pub(crate) struct StreamView {
     pub last_sequence: u64,
     /// The projections' durable consumers, by projection name (absent when the consumer is).
     pub consumers: Vec<ConsumerView>,
+    /// The partition consumers of each partitioned projection (`<name>-p<K>of<P>`, or
+    /// `<name>-s<K>of<P>` on a stream the server splits), with who holds each lease.
+    pub partitions: BTreeMap<String, Vec<PartitionView>>,
+}
+
+/// One partition of a projection: its consumer and the instance holding its lease.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PartitionView {
+    /// `<K>of<P>`.
+    pub partition: String,
+    /// Split by the server (the consumer filters on its partition) rather than by the instances.
+    pub split_by_server: bool,
+    /// Its durable consumer.
+    pub consumer: ConsumerView,
+    /// The instance whose lease holds it (`<pid>-<random>`), when the instances share the
+    /// partitions through leases and one holds it now.
+    pub owner: Option<String>,
+}
+
+/// `<K>of<P>` and whether the server splits, for a partition consumer `<projection>-[ps]<K>of<P>`.
+fn partition_of_consumer(projection: &str, consumer: &str) -> Option<(String, bool)> {
+    let rest = consumer.strip_prefix(projection)?.strip_prefix('-')?;
+    let (by_server, label) = match rest.split_at_checked(1)? {
+        ("s", label) => (true, label),
+        ("p", label) => (false, label),
+        _ => return None,
+    };
+    let (k, p) = label.split_once("of")?;
+    let numbers = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    (numbers(k) && numbers(p)).then(|| (label.to_owned(), by_server))
 }
 
 /// One durable consumer's position.
@@ -76,6 +107,28 @@ pub(crate) struct ConsumerView {
 }
 
 impl ConsumerView {
+    fn of(name: &str, info: &jetstream::consumer::Info) -> Self {
+        Self {
+            name: name.to_owned(),
+            found: true,
+            num_pending: info.num_pending,
+            num_ack_pending: info.num_ack_pending as u64,
+            num_redelivered: info.num_redelivered as u64,
+            ack_floor: info.ack_floor.stream_sequence,
+        }
+    }
+
+    fn missing(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            found: false,
+            num_pending: 0,
+            num_ack_pending: 0,
+            num_redelivered: 0,
+            ack_floor: 0,
+        }
+    }
+
     /// Messages the projection has not settled yet: undelivered plus unacknowledged.
     pub(crate) fn lag(&self) -> u64 {
         self.num_pending + self.num_ack_pending
@@ -143,6 +196,7 @@ impl StreamSource {
     /// The stream's state and the named durable consumers. Never fails: an unavailable stream is a
     /// view that says why.
     pub(crate) async fn view(&self, consumers: &[&str]) -> StreamView {
+        let partitions = self.partitions(consumers).await;
         let mut view = StreamView {
             name: self.name.clone(),
             ..StreamView::default()
@@ -155,10 +209,75 @@ impl StreamSource {
                 view.first_sequence = state.first_sequence;
                 view.last_sequence = state.last_sequence;
                 view.consumers = found;
+                view.partitions = partitions;
             }
             Err(reason) => view.reason = Some(reason),
         }
         view
+    }
+
+    /// Each of `projections`' partition consumers on the stream, and the lease holders from the
+    /// projection's lease bucket (`projections::lease`). Empty when nothing can be read.
+    async fn partitions(&self, projections: &[&str]) -> BTreeMap<String, Vec<PartitionView>> {
+        let mut found: BTreeMap<String, Vec<PartitionView>> = BTreeMap::new();
+        let Ok(context) = self.context() else {
+            return found;
+        };
+        let Ok(Ok(stream)) =
+            timed(context.get_stream_no_info(&self.name), "finding the stream").await
+        else {
+            return found;
+        };
+        let mut names = stream.consumer_names();
+        let mut consumers = Vec::new();
+        while let Ok(Some(Ok(name))) = timed(names.next(), "listing the consumers").await {
+            consumers.push(name);
+        }
+        for projection in projections {
+            let mut theirs: Vec<(String, String, bool)> = consumers
+                .iter()
+                .filter_map(|name| {
+                    partition_of_consumer(projection, name)
+                        .map(|(label, by_server)| (name.clone(), label, by_server))
+                })
+                .collect();
+            if theirs.is_empty() {
+                continue;
+            }
+            theirs.sort_by(|a, b| a.1.cmp(&b.1));
+            let bucket = projections::lease::bucket_name(&self.name, projection);
+            let leases = timed(context.get_key_value(&bucket), "opening the leases")
+                .await
+                .ok()
+                .and_then(Result::ok);
+            let mut views = Vec::with_capacity(theirs.len());
+            for (name, label, by_server) in theirs {
+                let info = timed(stream.consumer_info(&name), "reading a consumer").await;
+                let consumer = match info {
+                    Ok(Ok(info)) => ConsumerView::of(&name, &info),
+                    _ => ConsumerView::missing(&name),
+                };
+                let owner = match &leases {
+                    Some(store) => {
+                        match timed(store.get(format!("owner.{label}")), "reading a lease").await {
+                            Ok(Ok(Some(value))) => {
+                                Some(String::from_utf8_lossy(&value).into_owned())
+                            }
+                            _ => None,
+                        }
+                    }
+                    None => None,
+                };
+                views.push(PartitionView {
+                    partition: label,
+                    split_by_server: by_server,
+                    consumer,
+                    owner,
+                });
+            }
+            found.insert((*projection).to_owned(), views);
+        }
+        found
     }
 
     async fn read(
@@ -178,22 +297,8 @@ impl StreamSource {
         for name in consumers {
             let info = timed(stream.consumer_info(name), "reading a consumer").await?;
             found.push(match info {
-                Ok(info) => ConsumerView {
-                    name: (*name).to_owned(),
-                    found: true,
-                    num_pending: info.num_pending,
-                    num_ack_pending: info.num_ack_pending as u64,
-                    num_redelivered: info.num_redelivered as u64,
-                    ack_floor: info.ack_floor.stream_sequence,
-                },
-                Err(_) => ConsumerView {
-                    name: (*name).to_owned(),
-                    found: false,
-                    num_pending: 0,
-                    num_ack_pending: 0,
-                    num_redelivered: 0,
-                    ack_floor: 0,
-                },
+                Ok(info) => ConsumerView::of(name, &info),
+                Err(_) => ConsumerView::missing(name),
             });
         }
         Ok((state, found))

@@ -1100,3 +1100,123 @@ async fn the_console_answers_only_on_its_own_address(pool: PgPool) {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("[default: 127.0.0.1:8090]"), "{help}");
 }
+
+/// A projection split into partitions that two instances share through leases: the console lists
+/// each partition's consumer (split by the server: `inventory-s<K>of2`), how far behind it is, and
+/// the instance holding it; the projection's "behind stream" is their sum.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn partitions_and_the_instances_holding_them_are_shown(pool: PgPool) {
+    let nats = testkit::NatsServer::start().expect("nats-server");
+    let url = testkit::database_url(&pool).await;
+    let store = EventStore::new(pool.clone());
+    lifecycles(&store, 8).await;
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.expect("connect"));
+    let settings = relay::StreamSettings {
+        name: STREAM.into(),
+        subject_prefix: PREFIX.into(),
+        ..relay::StreamSettings::default()
+    };
+    let split = relay::StreamLimits {
+        partitions: Some(2),
+        ..relay::StreamLimits::default()
+    };
+    relay::ensure_stream_with(&js, &settings, &split, false)
+        .await
+        .expect("a stream split into 2 partitions");
+    testkit::relay_everything(&url, &nats.url(), STREAM, PREFIX).await;
+
+    let shared = projections::RunnerConfig {
+        stream: STREAM.into(),
+        subject_prefix: PREFIX.into(),
+        partitions: projections::Partitions::new(2, &[]).expect("layout"),
+        share: true,
+        lease_time: Duration::from_secs(2),
+        ..projections::RunnerConfig::default()
+    };
+    let mut instances = Vec::new();
+    let mut running = Vec::new();
+    for _ in 0..2 {
+        let runner = std::sync::Arc::new(
+            projections::Runner::connect(projections::Inventory, &url, &nats.url(), shared.clone())
+                .await
+                .expect("runner"),
+        );
+        instances.push(runner.clone());
+        running.push(tokio::spawn(async move {
+            runner.run(std::future::pending(), false, |_| {}).await
+        }));
+    }
+    testkit::wait_until(
+        Duration::from_secs(30),
+        "each instance to hold one partition",
+        || {
+            let held = instances.iter().all(|i| i.owned_partitions().len() == 1);
+            async move { held }
+        },
+    )
+    .await;
+
+    let service = Console::start_with(
+        &pool,
+        &[
+            "--nats-url",
+            &nats.url(),
+            "--stream",
+            STREAM,
+            "--subject-prefix",
+            PREFIX,
+        ],
+    )
+    .await;
+    let holders: Vec<String> = instances.iter().map(|i| i.instance().to_owned()).collect();
+    let mut shown = Value::Null;
+    for _ in 0..150 {
+        let api = overview(&service).await;
+        let projections = api["snapshot"]["projections"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        shown = projections
+            .into_iter()
+            .find(|p| p["name"] == "inventory")
+            .unwrap_or(Value::Null);
+        let settled = shown["behind_stream"] == 0
+            && shown["partitions"]
+                .as_array()
+                .is_some_and(|p| p.len() == 2 && p.iter().all(|p| p["owner"].is_string()));
+        if settled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let partitions = shown["partitions"].as_array().expect("partitions");
+    assert_eq!(partitions.len(), 2, "{shown:#}");
+    for (k, partition) in partitions.iter().enumerate() {
+        assert_eq!(partition["partition"], format!("{k}of2"), "{shown:#}");
+        assert_eq!(partition["split_by_server"], true, "{shown:#}");
+        assert_eq!(partition["consumer"]["name"], format!("inventory-s{k}of2"));
+        let owner = partition["owner"].as_str().expect("a holder");
+        assert!(
+            holders.iter().any(|h| h == owner),
+            "{owner} among {holders:?}"
+        );
+    }
+    assert_ne!(partitions[0]["owner"], partitions[1]["owner"], "one each");
+    assert_eq!(shown["behind_stream"], 0, "{shown:#}");
+    let page = service
+        .client
+        .get(format!("{}/console", service.base))
+        .send()
+        .await
+        .expect("the page")
+        .text()
+        .await
+        .expect("its text");
+    assert!(
+        page.contains("partition-inventory-s0of2") && page.contains("split by the server"),
+        "{page}"
+    );
+    for task in running {
+        task.abort();
+    }
+}

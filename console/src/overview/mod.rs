@@ -17,6 +17,7 @@ use serde::Serialize;
 use crate::Shared;
 use crate::html::{self, Section};
 use crate::pipeline::{HISTORY_LEN, Series, Snapshot};
+use crate::stream::PartitionView;
 
 pub(crate) use chart::image as chart_image;
 use fields::{Fields, Format};
@@ -207,6 +208,7 @@ fn projections(f: &Fields, s: &Snapshot) -> Markup {
                             (f.row("held", &format!("{base}.held"), Format::Count))
                             (f.row("parked", &format!("{base}.parked"), Format::Count))
                         }
+                        (partitions(f, &base, &p.partitions))
                         p.small {
                             @if p.about.is_some() {
                                 a href={ "/console/projections/" (name) "/document" } { "document" } " · "
@@ -225,9 +227,41 @@ fn projections(f: &Fields, s: &Snapshot) -> Markup {
                 }
             }
             p.muted.small {
-                "Behind stream: messages its consumer has not settled (from NATS). Behind store: events \
-                 of the aggregate types it reads stored, minus events applied (from its checkpoints)."
+                "Behind stream: messages its consumer has not settled (from NATS; its partitions' \
+                 consumers together when it is partitioned). Behind store: events of the aggregate \
+                 types it reads stored, minus events applied (from its checkpoints). A partition's \
+                 holder is the instance whose lease it is (pid-random)."
             }
         },
     )
+}
+
+/// A partitioned projection's partitions: each one's consumer, how far behind, and the instance that
+/// holds it now (its lease), refreshed with the rest.
+fn partitions(f: &Fields, base: &str, partitions: &[PartitionView]) -> Markup {
+    html! {
+        @if !partitions.is_empty() {
+            @let split = if partitions.iter().all(|p| p.split_by_server) {
+                "split by the server: each partition's consumer is delivered its own events"
+            } else {
+                "split by the instances: each partition's consumer reads the whole stream"
+            };
+            details.partitions open {
+                summary { (partitions.len()) " partitions, " (split) }
+                table {
+                    thead { tr { th { "partition" } th { "behind" } th { "held by" } } }
+                    tbody {
+                        @for (j, partition) in partitions.iter().enumerate() {
+                            @let at = format!("{base}.partitions.{j}");
+                            tr data-testid={ "partition-" (partition.consumer.name) } {
+                                td { (partition.partition) }
+                                td { (f.field(&format!("{at}.consumer.num_pending"), Format::Count)) }
+                                td { (f.field(&format!("{at}.owner"), Format::Text)) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
