@@ -215,18 +215,10 @@ async fn fresh_stream(
     name: &str,
     prefix: &str,
 ) -> anyhow::Result<async_nats::jetstream::Context> {
-    let js = async_nats::jetstream::new(async_nats::connect(nats_url).await?);
-    let _ = js.delete_stream(name).await;
-    let settings = ::relay::StreamSettings {
-        name: name.into(),
-        subject_prefix: prefix.into(),
-        ..::relay::StreamSettings::default()
-    };
-    ::relay::ensure_stream(&js, &settings, false).await?;
-    Ok(js)
+    fresh_split_stream(nats_url, name, prefix, 1).await
 }
 
-/// A fresh stream `name` that the server splits into `partitions` partitions.
+/// [`fresh_stream`], split by the server into `partitions` partitions (1: not split).
 async fn fresh_split_stream(
     nats_url: &str,
     name: &str,

@@ -101,28 +101,13 @@ async fn rounds<P: Projection + Clone>(
         let runner = Runner::connect(projection.clone(), url, nats_url, config).await?;
         runner.reset().await?;
         let started = Instant::now();
-        // The clock stops at the last applied event, not when `--once` notices it is idle.
-        let mut last_applied = started;
-        let mut seen = 0;
-        let tally = runner
-            .run(
-                std::future::pending(),
-                true,
-                |tally: &projections::Tally| {
-                    if tally.applied > seen {
-                        seen = tally.applied;
-                        last_applied = Instant::now();
-                    }
-                },
-            )
-            .await?;
+        let (applied, last_applied) = apply_all(&runner).await?;
         anyhow::ensure!(
-            usize::try_from(tally.applied).is_ok_and(|applied| applied == events),
-            "{} applied {} of {events} events",
+            usize::try_from(applied).is_ok_and(|applied| applied == events),
+            "{} applied {applied} of {events} events",
             P::NAME,
-            tally.applied
         );
-        let rate = tally.applied as f64 / (last_applied - started).as_secs_f64().max(1e-6);
+        let rate = applied as f64 / (last_applied - started).as_secs_f64().max(1e-6);
         progress.say(&format!(
             "{} round {round}/{rounds}: {rate:.0} events/s",
             P::NAME
@@ -130,6 +115,26 @@ async fn rounds<P: Projection + Clone>(
         rates.push(rate);
     }
     Ok(rates)
+}
+
+/// Runs `runner` until nothing more can be applied: the events it applied, and when it applied the
+/// last one (the clock of a rate stops there, not when `--once` notices it is idle).
+pub(super) async fn apply_all<P: Projection>(runner: &Runner<P>) -> anyhow::Result<(u64, Instant)> {
+    let mut last_applied = Instant::now();
+    let mut seen = 0;
+    let tally = runner
+        .run(
+            std::future::pending(),
+            true,
+            |tally: &projections::Tally| {
+                if tally.applied > seen {
+                    seen = tally.applied;
+                    last_applied = Instant::now();
+                }
+            },
+        )
+        .await?;
+    Ok((tally.applied, last_applied))
 }
 
 /// Publishes `events` events under `prefix`: orders placed, paid, then shipped (two in three) or

@@ -140,24 +140,8 @@ async fn apply_with(wiring: &Wiring<'_>, count: u32, events: usize) -> anyhow::R
         );
     }
     let started = Instant::now();
-    let runs = runners.iter().map(|runner| async move {
-        let mut last_applied = Instant::now();
-        let mut seen = 0;
-        let tally = runner
-            .run(
-                std::future::pending(),
-                true,
-                |tally: &projections::Tally| {
-                    if tally.applied > seen {
-                        seen = tally.applied;
-                        last_applied = Instant::now();
-                    }
-                },
-            )
-            .await?;
-        Ok::<_, anyhow::Error>((tally.applied, last_applied))
-    });
-    let finished = futures::future::try_join_all(runs).await?;
+    let finished =
+        futures::future::try_join_all(runners.iter().map(super::projections::apply_all)).await?;
     let applied: u64 = finished.iter().map(|(applied, _)| applied).sum();
     anyhow::ensure!(
         usize::try_from(applied).is_ok_and(|a| a == events),
