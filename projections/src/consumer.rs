@@ -110,11 +110,14 @@ impl<P: Projection> Runner<P> {
         deliver_policy: DeliverPolicy,
     ) -> pull::Config {
         let partitions = &self.config.partitions;
-        // Which partition the consumer serves, for its filter (split by the server, each partition's
-        // consumer reads its own subjects only).
-        let partition_of_consumer = (0..partitions.count())
+        // Split by the server, each partition's consumer reads its own subjects only; any other
+        // consumer of this runner (a rebuild's) reads the whole stream.
+        let filter = (0..partitions.count())
             .find(|&k| self.partition_consumer(k) == name)
-            .unwrap_or(0);
+            .map_or_else(
+                || domain::wire::all_subjects(&self.config.subject_prefix),
+                |k| partitions.filter(&self.config.subject_prefix, k),
+            );
         let description = if partitions.is_single() {
             format!("waybill {} projection", P::NAME)
         } else {
@@ -134,7 +137,7 @@ impl<P: Projection> Runner<P> {
             // however long the outage lasts (the runner parks poison itself, then terminates it).
             max_deliver: -1,
             max_ack_pending: self.config.max_ack_pending,
-            filter_subject: partitions.filter(&self.config.subject_prefix, partition_of_consumer),
+            filter_subject: filter,
             ..Default::default()
         }
     }

@@ -293,7 +293,7 @@ mod tests {
             "two functions: a consumer never changes from one to the other (its own name)"
         );
         // A stored subject carries the partition before the type; the id is still the last token.
-        assert_eq!(by_server.of_subject(&format!("w.e.0.order.{id}")), 0);
+        assert_eq!(by_server.of_subject(&format!("w.e.1.order.{id}")), 1);
         assert!(!Partitions::single().split_by_server().is_split_by_server());
     }
 }
