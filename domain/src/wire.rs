@@ -130,10 +130,10 @@ pub fn partition_filter(prefix: &str, partition: u32) -> String {
     format!("{prefix}.{partition}.>")
 }
 
-/// The aggregate type and id of a stored subject under `prefix`: `<prefix>.<type>.<id>`, or
+/// The aggregate type and id tokens of a stored subject under `prefix`: `<prefix>.<type>.<id>`, or
 /// `<prefix>.<K>.<type>.<id>` in a stream that splits partitions (K a number); `None` for any other
-/// shape.
-pub fn parse_stored_subject<'a>(prefix: &str, subject: &'a str) -> Option<(&'a str, uuid::Uuid)> {
+/// shape or an empty type. The id token is not checked (see [`parse_stored_subject`]).
+pub fn stored_subject_tokens<'a>(prefix: &str, subject: &'a str) -> Option<(&'a str, &'a str)> {
     let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
     let tokens: Vec<&str> = rest.split('.').collect();
     let (aggregate_type, id) = match tokens.as_slice() {
@@ -145,9 +145,13 @@ pub fn parse_stored_subject<'a>(prefix: &str, subject: &'a str) -> Option<(&'a s
         }
         _ => return None,
     };
-    if aggregate_type.is_empty() {
-        return None;
-    }
+    (!aggregate_type.is_empty()).then_some((aggregate_type, id))
+}
+
+/// The aggregate type and id of a stored subject (see [`stored_subject_tokens`]), when its last
+/// token is a UUID.
+pub fn parse_stored_subject<'a>(prefix: &str, subject: &'a str) -> Option<(&'a str, uuid::Uuid)> {
+    let (aggregate_type, id) = stored_subject_tokens(prefix, subject)?;
     Some((aggregate_type, uuid::Uuid::parse_str(id).ok()?))
 }
 

@@ -28,6 +28,11 @@ pub(crate) fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Owned copies of `words`, as a [`Launch`] takes its arguments.
+pub(crate) fn strings<S: AsRef<str>>(words: &[S]) -> Vec<String> {
+    words.iter().map(|w| w.as_ref().to_owned()).collect()
+}
+
 /// What to start: `program` with `args`, its environment, and its name (which names its log).
 #[derive(Debug, Clone)]
 pub(crate) struct Launch<'a> {

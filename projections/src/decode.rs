@@ -188,19 +188,7 @@ impl RawMessage {
 /// token before the type, `<prefix>.<K>.<type>.<id>`, in a stream the server splits), or `None` when
 /// the subject has another shape (then the message is decoded, and parked if it is not an event).
 pub fn subject_aggregate_type<'a>(prefix: &str, subject: &'a str) -> Option<&'a str> {
-    let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
-    let rest = match rest.split_once('.') {
-        Some((partition, after))
-            if !partition.is_empty()
-                && partition.bytes().all(|b| b.is_ascii_digit())
-                && after.contains('.') =>
-        {
-            after
-        }
-        _ => rest,
-    };
-    let (aggregate_type, id) = rest.split_once('.')?;
-    (!id.contains('.') && !aggregate_type.is_empty()).then_some(aggregate_type)
+    wire::stored_subject_tokens(prefix, subject).map(|(aggregate_type, _)| aggregate_type)
 }
 
 /// Decodes a message received from the stream: the body (see [`decode`]), then the trust checks that

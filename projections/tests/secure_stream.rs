@@ -118,6 +118,36 @@ async fn relay_an_order(pool: &PgPool, secure: &SecureNats, lines: &[&str]) {
     relay.drain().await.expect("drain");
 }
 
+/// `waybill-inventory --json run --once --partitions 2 --partition K` as `nats_url`'s user; it must
+/// succeed, and its summary is returned.
+async fn run_partition(
+    url: &str,
+    nats_url: &str,
+    secure: &SecureNats,
+    k: &str,
+) -> serde_json::Value {
+    let args = [
+        "--json",
+        "run",
+        "--once",
+        "--partitions",
+        "2",
+        "--partition",
+        k,
+    ];
+    let output = inventory(url, nats_url, &secure.ca, &args)
+        .output()
+        .await
+        .expect("waybill-inventory runs");
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "partition {k}: {printed}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(printed.trim()).expect("a JSON summary")
+}
+
 /// The shipped accounts let a projection's user run each partition of a partitioned layout, and
 /// refuse what is beyond them — another projection's consumers, a layout past the generated maximum
 /// — with an error that names the refused subject instead of "timed out".
@@ -130,29 +160,7 @@ async fn partitions_run_under_the_shipped_accounts_and_a_refusal_names_its_subje
     }
     let as_inventory = secure.url_for("inventory", INVENTORY_PASSWORD);
     for k in ["0", "1"] {
-        let output = inventory(
-            &url,
-            &as_inventory,
-            &secure.ca,
-            &[
-                "--json",
-                "run",
-                "--once",
-                "--partitions",
-                "2",
-                "--partition",
-                k,
-            ],
-        )
-        .output()
-        .await
-        .expect("waybill-inventory runs");
-        assert!(
-            output.status.success(),
-            "partition {k}: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        run_partition(&url, &as_inventory, &secure, k).await;
     }
     let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM inventory.checkpoints")
         .fetch_one(&pool)
@@ -296,30 +304,7 @@ async fn partitions_split_by_the_server_run_under_the_shipped_accounts(pool: PgP
     let as_inventory = secure.url_for("inventory", INVENTORY_PASSWORD);
     let mut messages = 0;
     for k in ["0", "1"] {
-        let output = inventory(
-            &url,
-            &as_inventory,
-            &secure.ca,
-            &[
-                "--json",
-                "run",
-                "--once",
-                "--partitions",
-                "2",
-                "--partition",
-                k,
-            ],
-        )
-        .output()
-        .await
-        .expect("waybill-inventory runs");
-        let printed = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "partition {k}: {printed}{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let summary: serde_json::Value = serde_json::from_str(printed.trim()).expect("JSON");
+        let summary = run_partition(&url, &as_inventory, &secure, k).await;
         assert_eq!(
             summary["tally"]["skipped"],
             serde_json::Value::Null,

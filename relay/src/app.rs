@@ -309,7 +309,7 @@ async fn run(cli: Cli, fail_point: FailPoint) -> anyhow::Result<()> {
             if cli.json {
                 println!(
                     "{}",
-                    serde_json::json!({"stream": info.config.name, "subjects": info.config.subjects, "duplicate_window_s": info.config.duplicate_window.as_secs_f64(), "replicas": info.config.num_replicas.max(1), "max_age_s": (!info.config.max_age.is_zero()).then_some(info.config.max_age.as_secs_f64()), "partitions": crate::partitions_of(&info.config, &cli.connection.shared.subject_prefix), "messages": info.state.messages, "first_sequence": info.state.first_sequence})
+                    serde_json::json!({"stream": info.config.name, "subjects": info.config.subjects, "duplicate_window_s": info.config.duplicate_window.as_secs_f64(), "replicas": info.config.num_replicas.max(1), "max_age_s": (!info.config.max_age.is_zero()).then_some(info.config.max_age.as_secs_f64()), "partitions": ops::stream_partitions(&info.config, &cli.connection.shared.subject_prefix), "messages": info.state.messages, "first_sequence": info.state.first_sequence})
                 );
             } else {
                 let max_age = if info.config.max_age.is_zero() {
@@ -321,7 +321,7 @@ async fn run(cli: Cli, fail_point: FailPoint) -> anyhow::Result<()> {
                     )
                 };
                 let partitions =
-                    crate::partitions_of(&info.config, &cli.connection.shared.subject_prefix);
+                    ops::stream_partitions(&info.config, &cli.connection.shared.subject_prefix);
                 let split = if partitions > 1 {
                     format!(", split into {partitions} partitions by the server")
                 } else {

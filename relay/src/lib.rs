@@ -29,5 +29,5 @@ pub use run::{ConnectError, Relay, RunSummary};
 pub use step::{FailPoint, StepError, StepReport};
 pub use stream::{
     MAX_STREAM_PARTITIONS, MIN_MAX_AGE, ProvisionError, StreamLimits, check_max_age, ensure_stream,
-    ensure_stream_with, ensure_stream_with_replicas, partitions_of,
+    ensure_stream_with, ensure_stream_with_replicas,
 };

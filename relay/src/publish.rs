@@ -263,10 +263,7 @@ impl ChainPublisher<'_> {
                 let info = self.stream.get_info().await.map_err(|error| {
                     format!("reading the stream's settings: {}", error_chain(&error))
                 })?;
-                Ok::<_, String>(crate::stream::partitions_of(
-                    &info.config,
-                    self.subject_prefix,
-                ))
+                Ok::<_, String>(ops::stream_partitions(&info.config, self.subject_prefix))
             })
             .await?;
         wire::stored_subject(

@@ -81,7 +81,7 @@ pub async fn plan(
     let Some((aggregate_type, _, _)) = events.first().cloned() else {
         return Err(RepairError::Unknown(aggregate_id));
     };
-    let partitions = crate::stream::partitions_of(&stream.cached_info().config, subject_prefix);
+    let partitions = ops::stream_partitions(&stream.cached_info().config, subject_prefix);
     let subject = wire::stored_subject(subject_prefix, &aggregate_type, aggregate_id, partitions)
         .map_err(RepairError::Stream)?;
     let messages: Vec<SubjectMessage> = fence::read_subject(stream, &subject)

@@ -79,11 +79,6 @@ pub struct StreamLimits {
 /// The most partitions a stream may be split into (the projections' own limit).
 pub const MAX_STREAM_PARTITIONS: u32 = 64;
 
-/// The partitions a stream's configuration splits (1 when it has no partition transform).
-pub fn partitions_of(config: &stream::Config, subject_prefix: &str) -> u32 {
-    ops::stream_partitions(config, subject_prefix)
-}
-
 fn with_partitions(
     mut config: stream::Config,
     subject_prefix: &str,
@@ -189,7 +184,7 @@ pub fn differences(actual: &stream::Config, wanted: &stream::Config) -> Vec<Stri
         .unwrap_or_default();
     let split = |config: &stream::Config| match (
         &config.subject_transform,
-        partitions_of(config, prefix),
+        ops::stream_partitions(config, prefix),
     ) {
         (None, _) => "no split".to_owned(),
         (Some(_), 1) => "a subject transform of its own".to_owned(),
@@ -296,7 +291,8 @@ pub async fn ensure_stream_with(
             }
             let prefix = &settings.subject_prefix;
             if update
-                && partitions_of(&info.config, prefix) != partitions_of(&wanted, prefix)
+                && ops::stream_partitions(&info.config, prefix)
+                    != ops::stream_partitions(&wanted, prefix)
                 && info.state.messages > 0
             {
                 // The fence counts on every event of an aggregate being on one subject: a new split
@@ -304,8 +300,8 @@ pub async fn ensure_stream_with(
                 // ones, and every later publish would be refused as out of place.
                 return Err(ProvisionError::Resplit {
                     name: settings.name.clone(),
-                    have: partitions_of(&info.config, prefix),
-                    want: partitions_of(&wanted, prefix),
+                    have: ops::stream_partitions(&info.config, prefix),
+                    want: ops::stream_partitions(&wanted, prefix),
                 });
             }
             let differences = differences(&info.config, &wanted);

@@ -343,12 +343,12 @@ async fn read_subjects(
     types: &HashMap<Uuid, String>,
 ) -> Result<Messages, String> {
     let mut messages = Messages::new();
+    let partitions = ops::stream_partitions(&stream.cached_info().config, subject_prefix);
     for id in aggregates {
         let Some(aggregate_type) = types.get(id) else {
             // Not in the store: its type (and so its subject) is unknown; nothing to read.
             continue;
         };
-        let partitions = crate::stream::partitions_of(&stream.cached_info().config, subject_prefix);
         let subject = wire::stored_subject(subject_prefix, aggregate_type, *id, partitions)?;
         let entries = fence::read_subject(stream, &subject).await?;
         messages.insert(

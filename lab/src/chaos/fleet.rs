@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 
 use super::servers::Servers;
 use crate::http::Http;
-use crate::process::{self, Launch, peak_rss_kib};
+use crate::process::{self, Launch, peak_rss_kib, strings};
 
 /// The projections, by binary suffix; each consumes through the durable consumer of the same name
 /// (with partitions, `<name>-p<K>of<P>`).
@@ -353,7 +353,7 @@ impl Fleet {
             .binaries
             .projections
             .join(format!("waybill-{projection}"));
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let args = strings(args);
         let stdout = Launch {
             program: &program,
             args: &args,
@@ -571,10 +571,6 @@ fn find<'a>(processes: &'a mut [Process], name: &str) -> anyhow::Result<&'a mut 
         .with_context(|| format!("no process named {name}"))
 }
 
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| (*s).to_owned()).collect()
-}
-
 /// Runs a one-off command of the system (`migrate`, `provision`) to its end, with standard error in
 /// `<name>.log` under `logs`; failing when it fails.
 async fn run_once(
@@ -584,7 +580,7 @@ async fn run_once(
     env: &[(String, String)],
     logs: &Path,
 ) -> anyhow::Result<()> {
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let args = strings(args);
     Launch {
         program: binary,
         args: &args,

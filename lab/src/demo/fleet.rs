@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::http::Http;
-use crate::process::{self, Launch, binary};
+use crate::process::{self, Launch, binary, strings};
 
 /// The order service's name among the processes (and, spaces as dashes, its log file's).
 const ORDER_SERVICE: &str = "order service";
@@ -495,8 +495,4 @@ fn local() -> SocketAddr {
 
 fn name_of<P: Projection>(_: &P) -> &'static str {
     P::NAME
-}
-
-fn strings<S: AsRef<str>>(words: &[S]) -> Vec<String> {
-    words.iter().map(|w| w.as_ref().to_owned()).collect()
 }

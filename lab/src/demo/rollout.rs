@@ -20,7 +20,7 @@ use uuid::Uuid;
 use super::fleet::{Wiring, wait_for_health};
 use super::{settled, step, verify, wait_for};
 use crate::http::{Http, Orders};
-use crate::process::{self, Launch, binary};
+use crate::process::{self, Launch, binary, strings};
 
 /// The rollout's own database, stream and subject prefix by default.
 pub(super) const NAMES: (&str, &str, &str) =
@@ -83,7 +83,7 @@ impl Processes {
         args: &[&str],
         health: String,
     ) -> anyhow::Result<Child> {
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let args = strings(args);
         let child = Launch {
             program: &binary(binary_name)?,
             args: &args,
