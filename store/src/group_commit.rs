@@ -235,10 +235,17 @@ impl Writer {
             // Out of the pool for good: the session keeps a `lock_timeout` no other user of the
             // pool should get (the pool may open another connection in its place).
             let mut connection = self.pool.acquire().await?.detach();
-            sqlx::query("SELECT set_config('lock_timeout', $1, false)")
-                .bind(format!("{}ms", self.lock_wait.as_millis()))
-                .execute(&mut connection)
-                .await?;
+            // The generic plan, always: the group's statement (a CTE over UNNESTed arrays, its guard
+            // an equality on the unique (aggregate_id, aggregate_version) index) was planned again on
+            // every execution under the default `auto` — ~200 µs of PostgreSQL CPU per group in the
+            // pipeline benchmark, more than executing it (pg_stat_statements, docs/benchmarks.md).
+            sqlx::query(
+                "SELECT set_config('lock_timeout', $1, false),
+                        set_config('plan_cache_mode', 'force_generic_plan', false)",
+            )
+            .bind(format!("{}ms", self.lock_wait.as_millis()))
+            .execute(&mut connection)
+            .await?;
             let backend = Backend::of(&mut connection).await?;
             self.session = Some(Session {
                 connection,
