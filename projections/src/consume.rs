@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 
 use crate::blame::{Blame, blame, retry_delay};
 use crate::consumer::BrokerError;
@@ -485,11 +485,14 @@ impl<P: Projection> Runner<P> {
     }
 }
 
-/// A batch: `first` and what follows it within `linger` of its arrival, `max` messages at most.
+/// A batch: `first`, every message that has already arrived behind it, and — only with a `linger` —
+/// what follows within `linger` of its arrival; `max` messages at most.
 ///
-/// The linger counts from the first message, not between messages: while messages kept arriving less
-/// than a linger apart, a batch went on collecting (60 ms and more at 1,500 events/s) and its first
-/// message waited all that time. A stream error ends the batch; the caller's next read meets it again.
+/// No timer by default: an idle pipeline applies each message as it comes, and a busy one batches by
+/// itself (what arrives while a batch is applied is waiting when the next one is collected). A linger
+/// counts from the first message, not between messages: while messages kept arriving less than a
+/// linger apart, a batch went on collecting (60 ms and more at 1,500 events/s) and its first message
+/// waited all that time. A stream error ends the batch; the caller's next read meets it again.
 async fn collect<M, E>(
     first: M,
     messages: &mut (impl futures::Stream<Item = Result<M, E>> + Unpin),
@@ -499,6 +502,13 @@ async fn collect<M, E>(
     let until = tokio::time::Instant::now() + linger;
     let mut batch = vec![first];
     while batch.len() < max {
+        match messages.next().now_or_never() {
+            Some(Some(Ok(message))) => batch.push(message),
+            Some(_) => return batch,
+            None => break,
+        }
+    }
+    while batch.len() < max && !linger.is_zero() {
         match tokio::time::timeout_at(until, messages.next()).await {
             Ok(Some(Ok(message))) => batch.push(message),
             _ => break,
@@ -541,6 +551,22 @@ mod tests {
             &batch[..batch.len().min(5)]
         );
         assert_eq!(started.elapsed(), Duration::from_millis(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_linger_a_batch_is_what_has_arrived_and_nothing_waits() {
+        let started = tokio::time::Instant::now();
+        let arrived = futures::stream::iter([Ok(1), Ok(2), Ok(3)]).chain(steady_arrivals());
+        let batch = collect(0, &mut arrived.boxed(), Duration::ZERO, 500).await;
+        assert_eq!(batch, [0, 1, 2, 3], "what had arrived, not the next one");
+        assert_eq!(started.elapsed(), Duration::ZERO, "no timer waited");
+        let batch = collect(0, &mut steady_arrivals(), Duration::ZERO, 500).await;
+        assert_eq!(
+            batch,
+            [0],
+            "an idle stream: the first message alone, at once"
+        );
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

@@ -186,10 +186,19 @@ async fn a_crash_between_commit_and_ack_changes_nothing_on_redelivery(pool: PgPo
         !crashed.status.success(),
         "the fail point aborts after the commit"
     );
+    // The first batch committed, whatever had arrived when it was collected (batches take what is
+    // there, no timer): `placed` alone, or more.
+    let committed: i64 =
+        sqlx::query_scalar("SELECT version FROM inventory.checkpoints WHERE aggregate_id = $1")
+            .bind(order.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .expect("the first batch was committed before the crash");
+    let expected = if committed == 3 { (0, 2, 0) } else { (2, 0, 0) };
     assert_eq!(
         stock_of(&pool, "MUG").await,
-        Some((0, 2, 0)),
-        "the batch was committed"
+        Some(expected),
+        "batch of {committed}"
     );
 
     // The broker never got the acks: after the ack wait it redelivers everything.
@@ -200,8 +209,9 @@ async fn a_crash_between_commit_and_ack_changes_nothing_on_redelivery(pool: PgPo
         String::from_utf8_lossy(&restarted.stderr)
     );
     let out: Value = serde_json::from_slice(&restarted.stdout).expect("json");
-    assert_eq!(out["tally"]["applied"], 0);
-    assert_eq!(out["tally"]["duplicates"], 3, "{out}");
+    // The committed events come back as duplicates; the rest are applied, once.
+    assert_eq!(out["tally"]["applied"], 3 - committed, "{out}");
+    assert_eq!(out["tally"]["duplicates"], committed, "{out}");
     assert_eq!(
         stock_of(&pool, "MUG").await,
         Some((0, 2, 0)),
