@@ -191,14 +191,25 @@ mod tests {
             .await
             .expect("connect");
         let js = jetstream::new(client);
-        js.create_stream(jetstream::stream::Config {
+        // A node whose JetStream the meta leader has not heard from yet is "offline" for placement
+        // (seen on a loaded machine right after the cluster formed): give it a few seconds.
+        let config = jetstream::stream::Config {
             name: "R3".into(),
             subjects: vec!["r3.>".into()],
             num_replicas: 3,
             ..Default::default()
-        })
-        .await
-        .expect("R3 stream");
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            match js.create_stream(config.clone()).await {
+                Ok(_) => break,
+                Err(error) if std::time::Instant::now() < deadline => {
+                    eprintln!("R3 stream not placed yet ({error}); retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+                Err(error) => panic!("R3 stream: {error:?}"),
+            }
+        }
         js.publish("r3.a", "1".into())
             .await
             .expect("publish")
