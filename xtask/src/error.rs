@@ -47,6 +47,22 @@ pub enum XtaskError {
         /// What is wrong with it.
         why: String,
     },
+    /// `bench-table`: the bench document or the README is not what it should be.
+    #[error("{}: {why}", path.display())]
+    BadBench {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// `bench-table --check`: the README's table is not the one the bench document gives.
+    #[error("{} has a stale benchmark table: run `cargo xtask bench-table` to regenerate it from {}", readme.display(), bench.display())]
+    StaleBenchTable {
+        /// The README.
+        readme: PathBuf,
+        /// The bench document.
+        bench: PathBuf,
+    },
     /// `new-version` never overwrites.
     #[error(
         "{} already exist{}; nothing was written (new-version never overwrites: delete them to \

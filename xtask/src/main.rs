@@ -51,6 +51,21 @@ enum Command {
         #[arg(long, value_name = "DOMAIN_DIR")]
         dir: Option<PathBuf>,
     },
+    /// Render the README's table of benchmark targets from a `waybill bench --json` document (each
+    /// target's median, its rounds' range, bound and verdict) between the README's marker lines.
+    ///
+    /// Example: cargo xtask bench-table (after `waybill bench --quick --json > docs/bench.json`)
+    BenchTable {
+        /// The bench document [default: docs/bench.json of the workspace].
+        #[arg(long, value_name = "FILE")]
+        bench: Option<PathBuf>,
+        /// The README [default: README.md of the workspace].
+        #[arg(long, value_name = "FILE")]
+        readme: Option<PathBuf>,
+        /// Write nothing; exit 2 when the README's table is not the document's.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -63,6 +78,36 @@ fn main() -> ExitCode {
 
 fn run(command: Command, json: bool) -> Result<(), XtaskError> {
     match command {
+        Command::BenchTable {
+            bench,
+            readme,
+            check,
+        } => {
+            // The workspace root: the domain folder's parent.
+            let root = workspace::domain_dir(None)?
+                .parent()
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            let bench = bench.unwrap_or_else(|| root.join("docs/bench.json"));
+            let readme = readme.unwrap_or_else(|| root.join("README.md"));
+            let outcome = xtask::bench_table::regenerate(&bench, &readme, check)?;
+            let written = outcome == xtask::bench_table::Regenerated::Written;
+            if json {
+                println!(
+                    "{}",
+                    json!({"readme": readme, "bench": bench, "written": written})
+                );
+            } else if written {
+                println!("{} rewritten from {}", readme.display(), bench.display());
+            } else {
+                println!(
+                    "{} already holds the table of {}",
+                    readme.display(),
+                    bench.display()
+                );
+            }
+            Ok(())
+        }
         Command::NewVersion { event_type, dir } => {
             let dir = workspace::domain_dir(dir)?;
             let done = scaffold::new_version(&dir, &event_type)?;

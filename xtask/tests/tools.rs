@@ -1,4 +1,4 @@
-//! `cargo xtask new-version|write-schema` as a maintainer runs them: the real binary on a copy of
+//! `cargo xtask new-version|write-schema|bench-table` as a maintainer runs them: the real binary on a copy of
 //! the domain crate, the files it writes, its checklist and its exit codes.
 
 mod common;
@@ -276,4 +276,44 @@ fn unknown_types_and_versions_are_refused_with_exit_2() {
             .expect("readable")
             .count()
     );
+}
+
+/// The README's benchmark table is the published run's, figure for figure: committing a new
+/// `docs/bench.json` without `cargo xtask bench-table` (or editing the table by hand) fails here.
+#[test]
+fn the_readmes_benchmark_table_is_rendered_from_the_published_run() {
+    let root = workspace();
+    let run = xtask_in(&root, &["bench-table", "--check", "--json"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert_eq!(run.json()["written"], false);
+
+    // A table that differs is refused, and the tool puts the run's back.
+    let copy = tempfile::tempdir().expect("temp dir");
+    let readme = copy.path().join("README.md");
+    let original = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let start = original
+        .find(xtask::bench_table::START)
+        .expect("the README has the table's markers");
+    let mut edited = original.clone();
+    edited.insert_str(
+        start + xtask::bench_table::START.len(),
+        "\n| edited by hand |",
+    );
+    std::fs::write(&readme, &edited).expect("write");
+    let bench = root.join("docs/bench.json");
+    let paths = [
+        "--bench",
+        bench.to_str().expect("utf-8"),
+        "--readme",
+        readme.to_str().expect("utf-8"),
+    ];
+    let refused = xtask_in(&root, &[&["bench-table", "--check"][..], &paths].concat());
+    assert_eq!(refused.code, 2, "{}{}", refused.stdout, refused.stderr);
+    assert!(
+        refused.stderr.contains("stale benchmark table"),
+        "{}",
+        refused.stderr
+    );
+    xtask_in(&root, &[&["bench-table"][..], &paths].concat()).ok();
+    assert_eq!(std::fs::read_to_string(&readme).expect("read"), original);
 }

@@ -86,6 +86,8 @@ pub(super) struct Runs {
     pub hot: Vec<f64>,
     pub best_empty_table: Vec<f64>,
     pub baseline: Vec<f64>,
+    /// CPU µs per event of the best drain (relay + PostgreSQL + nats-server), each round.
+    pub cpu_us_total: Vec<f64>,
 }
 
 /// Rates from the processes' start to their exit, events/s (medians).
@@ -161,6 +163,7 @@ pub(super) async fn measure(
         let drained = fixture.drain(best, events, 3).await?;
         runs.best.push(drained.rate);
         wall.best.push(drained.wall_rate);
+        runs.cpu_us_total.push(drained.cpu.total);
         cpu_best.push(drained.cpu);
         rss.push(drained.peak_rss_kib as f64);
         runs.hot.push(

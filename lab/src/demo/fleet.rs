@@ -40,6 +40,9 @@ pub(crate) struct Wiring {
     pub subject_prefix: String,
     /// `RUST_LOG` of the processes (the demo's are chatty; the bench's must not pay for logging).
     pub log_filter: &'static str,
+    /// Run the registry's read models beside the three built-in projections (the demo does; the
+    /// bench measures the shipped pipeline without them).
+    pub read_models: bool,
 }
 
 impl Wiring {
@@ -75,6 +78,15 @@ impl Wiring {
             name,
         }
         .spawn(logs)
+    }
+}
+
+/// The registry's read models the fleet runs: all of them, or none.
+fn read_models(wiring: &Wiring) -> &'static [&'static dyn projections::kit::Model] {
+    if wiring.read_models {
+        projections::registry::MODELS
+    } else {
+        &[]
     }
 }
 
@@ -200,7 +212,7 @@ impl Fleet {
         projection!(Search, projections::search::routes);
         let mut models = Vec::new();
         let mut ready = Vec::new();
-        for model in projections::registry::MODELS {
+        for model in read_models(&wiring) {
             let port = testkit::free_port()?;
             let mut args = vec![format!("waybill-projection {}", model.name())];
             args.extend(model_wiring(&wiring));
@@ -262,7 +274,7 @@ impl Fleet {
         // (`waybill-projection NAME run`), all wired alike (by the environment).
         let built_in = [Inventory::NAME, Points::NAME, Search::NAME]
             .map(|name| (name, format!("waybill-{name}"), Vec::new()));
-        let models = projections::registry::MODELS.iter().map(|model| {
+        let models = read_models(&wiring).iter().map(|model| {
             let name = model.name();
             (name, "waybill-projection".to_owned(), vec![name])
         });

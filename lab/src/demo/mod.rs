@@ -119,6 +119,7 @@ pub(crate) async fn run(database_url: &str, args: DemoArgs) -> anyhow::Result<()
         stream: args.stream.clone().unwrap_or(stream),
         subject_prefix: args.subject_prefix.clone().unwrap_or(prefix),
         log_filter: fleet::DEMO_LOG_FILTER,
+        read_models: true,
     };
     let pool = fresh_database(&services, &database, &wiring.database_url).await?;
     let js = jetstream::new(

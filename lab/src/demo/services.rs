@@ -73,6 +73,20 @@ impl Services {
 }
 
 /// Host and port of a `scheme://[user[:password]@]host[:port][/…]` URL.
+/// `url` with `sslmode=disable` when it names a loopback host and chooses no `sslmode` itself: the
+/// bench's processes and PostgreSQL share one machine, where TLS only spends CPU (on this 2-core
+/// machine, a tenth of PostgreSQL's share in the pipeline benchmark went to TLS: `perf`,
+/// docs/benchmarks.md). A URL that asks for TLS keeps it.
+pub(crate) fn without_tls_on_loopback(url: &str) -> String {
+    let (host, _) = host_port(url, 5432);
+    let loopback = matches!(host.as_str(), "localhost" | "127.0.0.1" | "[::1]" | "::1");
+    if !loopback || url.contains("sslmode=") {
+        return url.to_owned();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}sslmode=disable")
+}
+
 fn host_port(url: &str, default_port: u16) -> (String, u16) {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let authority = rest.split(['/', '?']).next().unwrap_or("");
@@ -141,5 +155,23 @@ mod tests {
             host_port("nats://127.0.0.1:4222", 4222),
             ("127.0.0.1".into(), 4222)
         );
+    }
+
+    #[test]
+    fn tls_is_turned_off_only_on_loopback_and_only_when_the_url_does_not_choose() {
+        assert_eq!(
+            without_tls_on_loopback("postgres://postgres@127.0.0.1:5432/test"),
+            "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+        );
+        assert_eq!(
+            without_tls_on_loopback("postgres://localhost/x?application_name=a"),
+            "postgres://localhost/x?application_name=a&sslmode=disable"
+        );
+        for kept in [
+            "postgres://127.0.0.1/x?sslmode=require",
+            "postgres://db.example:5432/x",
+        ] {
+            assert_eq!(without_tls_on_loopback(kept), kept);
+        }
     }
 }
