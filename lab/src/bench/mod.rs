@@ -24,6 +24,9 @@ use anyhow::Context;
 
 use crate::demo::services::Services;
 
+/// The oldest nats-server the bench measures (`docs/scale-out.md`: the supported minimum).
+const SUPPORTED_NATS: (u64, u64) = (2, 11);
+
 /// `waybill bench` options.
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
@@ -169,9 +172,20 @@ pub(crate) async fn run(database_url: &str, args: BenchArgs) -> anyhow::Result<b
     let profile = Profile::new(&args);
     anyhow::ensure!(profile.rounds >= 1, "--rounds must be at least 1");
     let database_url = crate::demo::services::without_tls_on_loopback(database_url);
-    let services = Services::ensure(&database_url, &args.nats_url)?;
+    let mut services = Services::ensure(&database_url, &args.nats_url)?;
     let wanted = |part: Part| args.only.is_empty() || args.only.contains(&part);
     let progress = Progress { started };
+    // The partitions' figures need a server that splits a stream (subject transforms, 2.10; the
+    // project supports 2.11 and later). An older one is left alone, and a private one measured.
+    if let Some(refused) = services.require_nats(SUPPORTED_NATS).await? {
+        progress.say(&format!(
+            "the NATS at {} is {refused}, older than the supported {}.{}: this run uses a private \
+             nats-server (scripts/install-nats-server) instead",
+            ops::redact_url(&args.nats_url),
+            SUPPORTED_NATS.0,
+            SUPPORTED_NATS.1
+        ));
+    }
     progress.say(&format!(
         "profile {} ({} rounds); PostgreSQL and NATS: {}",
         profile.name,

@@ -43,6 +43,40 @@ impl Services {
         Ok(services)
     }
 
+    /// Replaces NATS at the configured URL with a private server (the installed one, of a supported
+    /// version) when the server there is older than `minimum` (major, minor) — a distribution's 2.9
+    /// has no subject transforms, which the partitions' split needs. Returns the version it refused.
+    pub(crate) async fn require_nats(
+        &mut self,
+        minimum: (u64, u64),
+    ) -> anyhow::Result<Option<String>> {
+        if self.private_nats.is_some() {
+            return Ok(None);
+        }
+        let connect = async_nats::ConnectOptions::new()
+            .connection_timeout(std::time::Duration::from_secs(5))
+            .connect(self.nats_url.as_str());
+        let client = connect
+            .await
+            .with_context(|| format!("connecting to NATS at {}", ops::redact_url(&self.nats_url)))?;
+        let version = client.server_info().version;
+        drop(client);
+        if version_at_least(&version, minimum) {
+            return Ok(None);
+        }
+        let private = NatsServer::start().with_context(|| {
+            format!(
+                "NATS at {} is {version}, older than {}.{}, and a private one could not start",
+                ops::redact_url(&self.nats_url),
+                minimum.0,
+                minimum.1
+            )
+        })?;
+        self.nats_url = private.url();
+        self.private_nats = Some(private);
+        Ok(Some(version))
+    }
+
     /// The URL of `database` on the PostgreSQL in use.
     pub(crate) fn database_url(&self, database: &str) -> String {
         ops::database::with_database(&self.postgres_url, database)
@@ -85,6 +119,18 @@ pub(crate) fn without_tls_on_loopback(url: &str) -> String {
     }
     let separator = if url.contains('?') { '&' } else { '?' };
     format!("{url}{separator}sslmode=disable")
+}
+
+/// Whether a server's `major.minor.patch` version is at least `minimum` (an unreadable one is not).
+fn version_at_least(version: &str, minimum: (u64, u64)) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-'])
+        .map(|part| part.parse::<u64>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= minimum,
+        _ => false,
+    }
 }
 
 fn host_port(url: &str, default_port: u16) -> (String, u16) {
@@ -173,5 +219,14 @@ mod tests {
         ] {
             assert_eq!(without_tls_on_loopback(kept), kept);
         }
+    }
+
+    #[test]
+    fn server_versions_compare_by_major_and_minor() {
+        assert!(version_at_least("2.15.1", (2, 11)));
+        assert!(version_at_least("2.11.0", (2, 11)));
+        assert!(version_at_least("3.0.0-beta", (2, 11)));
+        assert!(!version_at_least("2.9.10", (2, 11)));
+        assert!(!version_at_least("garbage", (2, 11)));
     }
 }
