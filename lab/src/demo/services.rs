@@ -56,9 +56,9 @@ impl Services {
         let connect = async_nats::ConnectOptions::new()
             .connection_timeout(std::time::Duration::from_secs(5))
             .connect(self.nats_url.as_str());
-        let client = connect
-            .await
-            .with_context(|| format!("connecting to NATS at {}", ops::redact_url(&self.nats_url)))?;
+        let client = connect.await.with_context(|| {
+            format!("connecting to NATS at {}", ops::redact_url(&self.nats_url))
+        })?;
         let version = client.server_info().version;
         drop(client);
         if version_at_least(&version, minimum) {
