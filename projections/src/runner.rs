@@ -62,9 +62,9 @@ pub struct RunnerConfig {
     pub ack_wait: Duration,
     /// Unacknowledged messages the broker lets this consumer hold.
     pub max_ack_pending: i64,
-    /// After the first message of a batch and what had already arrived behind it, how long at most to
-    /// wait for more before applying (what arrives meanwhile, up to `batch_size`, joins the batch).
-    /// Zero by default: a busy consumer batches by itself, and an idle one should not wait on a timer.
+    /// When what had already arrived behind a batch's first message was a backlog (a replay, a
+    /// catch-up), how long at most to wait for more before applying (what arrives meanwhile, up to
+    /// `batch_size`, joins the batch). An idle or lightly loaded consumer never waits (`consume.rs`).
     pub linger: Duration,
     /// Where to stop on purpose (tests reproduce crashes with it).
     pub fail_point: FailPoint,
@@ -95,7 +95,7 @@ impl Default for RunnerConfig {
             batch_size: 500,
             ack_wait: Duration::from_secs(30),
             max_ack_pending: 10_000,
-            linger: Duration::ZERO,
+            linger: Duration::from_millis(2),
             fail_point: FailPoint::None,
             max_versions: Vec::new(),
             partitions: Partitions::single(),
