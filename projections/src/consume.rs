@@ -550,7 +550,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_backlog_waits_the_linger_from_the_first_message_not_between_messages() {
         let started = tokio::time::Instant::now();
-        let backlog = futures::stream::iter((1..BUSY as u32).map(Ok)).chain(steady_arrivals());
+        let busy = u32::try_from(BUSY).expect("a small constant");
+        let backlog = futures::stream::iter((1..busy).map(Ok)).chain(steady_arrivals());
         let batch = collect(0, &mut backlog.boxed(), Duration::from_millis(5), 500).await;
         // The backlog, then the messages of 2 and 4 ms; the next, at 6 ms, is for the next batch.
         // With the linger between messages instead, every gap was shorter and the batch filled.
