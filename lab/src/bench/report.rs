@@ -93,30 +93,35 @@ impl Report {
         }
         if let Some(relay) = &self.relay {
             let runs = &relay.runs;
-            at_least(
-                "relay.two / relay.one",
-                relay.two / relay.one,
-                1.3,
-                ratios(&runs.two, &runs.one),
-            );
-            at_least(
-                "relay.hot / relay.best",
-                relay.hot / relay.best,
-                0.8,
-                ratios(&runs.hot, &runs.best),
-            );
-            at_least(
-                "relay.best / relay.baseline",
-                relay.best / relay.baseline,
-                30.0,
-                ratios(&runs.best, &runs.baseline),
-            );
-            at_least(
-                "relay.best / relay.best_empty_table",
-                relay.best / relay.best_empty_table,
-                0.9,
-                ratios(&runs.best, &runs.best_empty_table),
-            );
+            // Each ratio as (name, numerator, denominator, bound), from the medians and round by round.
+            for (name, (a, a_runs), (b, b_runs), bound) in [
+                (
+                    "relay.two / relay.one",
+                    (relay.two, &runs.two),
+                    (relay.one, &runs.one),
+                    1.3,
+                ),
+                (
+                    "relay.hot / relay.best",
+                    (relay.hot, &runs.hot),
+                    (relay.best, &runs.best),
+                    0.8,
+                ),
+                (
+                    "relay.best / relay.baseline",
+                    (relay.best, &runs.best),
+                    (relay.baseline, &runs.baseline),
+                    30.0,
+                ),
+                (
+                    "relay.best / relay.best_empty_table",
+                    (relay.best, &runs.best),
+                    (relay.best_empty_table, &runs.best_empty_table),
+                    0.9,
+                ),
+            ] {
+                at_least(name, a / b, bound, ratios(a_runs, b_runs));
+            }
         }
         if let Some(projections) = &self.projections {
             for (name, value) in [
