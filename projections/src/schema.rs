@@ -169,7 +169,8 @@ pub async fn connect(
             // Batches look rows up by `= ANY($1)`. A generic plan cached while a table was nearly empty
             // (right after a rebuild) can keep scanning it sequentially as it grows: the points
             // projection replayed 100k events at 8k/s in 2 of 3 runs with cached plans, and at 19-22k/s
-            // in 5 of 5 with this setting. Planning each batch costs little.
+            // in 5 of 5 with this setting. A batch's own transaction plans generically, with
+            // sequential scans priced out (`runner::BATCH_PLANS`); everything else plans afresh.
             ("plan_cache_mode", "force_custom_plan".to_owned()),
         ],
     )
