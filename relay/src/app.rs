@@ -138,6 +138,25 @@ enum Command {
     },
     #[command(flatten)]
     Outbox(OutboxCommand),
+    /// Reading the outbox from PostgreSQL's write-ahead log (logical decoding).
+    #[command(subcommand)]
+    Wal(WalCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum WalCommand {
+    /// Check, read-only, what reading the WAL needs: wal_level = logical, free slots and senders, the
+    /// REPLICATION privilege of this role, the publication of the outbox's inserts, the slot's state
+    /// and lag, a WAL limit for slots, and a replication session's round trip. One line each; exit 1
+    /// when anything is missing.
+    Check {
+        /// The replication slot.
+        #[arg(long, env = "WAYBILL_WAL_SLOT", default_value = crate::wal::slot::DEFAULT_SLOT)]
+        slot: String,
+        /// The publication of the outbox (migration 0005 creates it).
+        #[arg(long, env = "WAYBILL_WAL_PUBLICATION", default_value = crate::wal::slot::DEFAULT_PUBLICATION)]
+        publication: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -349,7 +368,53 @@ async fn run(cli: Cli, fail_point: FailPoint) -> anyhow::Result<()> {
             .context("connecting to PostgreSQL")?;
             run_outbox(&pool, command, cli.json).await
         }
+        Command::Wal(WalCommand::Check { slot, publication }) => {
+            wal_check(
+                &cli.connection.shared.database.url,
+                &slot,
+                &publication,
+                cli.json,
+            )
+            .await
+        }
     }
+}
+
+/// `wal check`: the findings, one line each (or one JSON document); exit 1 when any is missing.
+async fn wal_check(url: &str, slot: &str, publication: &str, json: bool) -> anyhow::Result<()> {
+    use crate::wal::slot::{Verdict, check, check_name};
+    check_name("slot", slot)?;
+    check_name("publication", publication)?;
+    let pool = ops::database::connect(url, "waybill-relay-wal-check", 1)
+        .await
+        .context("connecting to PostgreSQL")?;
+    let findings = check(&pool, url, slot, publication).await?;
+    let missing = findings
+        .iter()
+        .filter(|f| f.verdict == Verdict::Missing)
+        .count();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"ready": missing == 0, "findings": findings})
+        );
+    } else {
+        for finding in &findings {
+            let verdict = match finding.verdict {
+                Verdict::Ok => "ok",
+                Verdict::Warn => "warn",
+                Verdict::Missing => "MISSING",
+            };
+            println!("{verdict:<8} {:<24} {}", finding.check, finding.detail);
+        }
+    }
+    if missing > 0 {
+        return Err(ops::AlreadyReported(format!(
+            "{missing} prerequisite(s) of --source wal missing"
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 async fn relay_run(

@@ -20,6 +20,7 @@ pub mod step;
 mod step_report;
 pub mod stream;
 pub mod verify;
+pub mod wal;
 
 pub use backoff::Backoff;
 #[cfg(feature = "fault-injection")]

@@ -121,6 +121,18 @@ impl PostgresServer {
                 "-c",
                 "max_connections=200",
             ])
+            // Ready for a relay that reads the WAL (`--source wal`): logical decoding, a few slots and
+            // their senders, and a dead reader's slot freed within seconds rather than a minute.
+            .args([
+                "-c",
+                "wal_level=logical",
+                "-c",
+                "max_replication_slots=16",
+                "-c",
+                "max_wal_senders=16",
+                "-c",
+                "wal_sender_timeout=10s",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

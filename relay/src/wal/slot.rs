@@ -1,0 +1,419 @@
+//! The replication slot and what reading the WAL needs from PostgreSQL: the settings, the role's
+//! privilege, the publication and the slot's state and lag — read by `waybill-relay wal check`.
+
+use pgwire_replication::{ReplicationClient, ReplicationConfig, TlsConfig};
+use serde::Serialize;
+use sqlx::PgPool;
+
+/// The slot the WAL relay reads unless told otherwise.
+pub const DEFAULT_SLOT: &str = "waybill_outbox";
+/// The publication migration 0005 creates.
+pub const DEFAULT_PUBLICATION: &str = "waybill_outbox";
+
+/// Refuses a slot or publication name PostgreSQL would need quoted: `START_REPLICATION` takes the slot
+/// unquoted, so only lower-case letters, digits and `_` (at most 63) are accepted.
+pub fn check_name(what: &str, name: &str) -> Result<(), ops::Refused> {
+    let fine = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if fine {
+        Ok(())
+    } else {
+        Err(ops::Refused::new(format!(
+            "{what} name {name:?}: use 1 to 63 lower-case letters, digits and _"
+        )))
+    }
+}
+
+/// A replication session's settings from the relay's `DATABASE_URL`. The replication protocol's
+/// client has no TLS here (its TLS stack is one this project bans), so a URL that asks for TLS is
+/// refused rather than silently downgraded.
+pub fn replication_config(
+    database_url: &str,
+    slot: &str,
+    publication: &str,
+) -> Result<ReplicationConfig, ops::Refused> {
+    let url = url::Url::parse(database_url)
+        .map_err(|e| ops::Refused::new(format!("the database URL does not parse: {e}")))?;
+    let query = |key: &str| {
+        url.query_pairs()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+    };
+    if let Some(mode) = query("sslmode")
+        && matches!(mode.as_str(), "require" | "verify-ca" | "verify-full")
+    {
+        return Err(ops::Refused::new(format!(
+            "sslmode={mode}: the WAL relay's replication connection has no TLS yet \
+             (docs/decisions/relay-wal.md); reach PostgreSQL over loopback or a socket, or use \
+             --source poll"
+        )));
+    }
+    let decode = |text: &str| {
+        percent_decode(text)
+            .map_err(|_| ops::Refused::new("the database URL's user or password is not UTF-8"))
+    };
+    let user = match url.username() {
+        "" => query("user").unwrap_or_else(|| "postgres".to_owned()),
+        user => decode(user)?,
+    };
+    let password = url.password().map(decode).transpose()?.unwrap_or_default();
+    let database = url.path().trim_start_matches('/');
+    let database = if database.is_empty() {
+        query("dbname").unwrap_or_else(|| user.clone())
+    } else {
+        decode(database)?
+    };
+    let host = query("host").unwrap_or_else(|| url.host_str().unwrap_or("localhost").to_owned());
+    let port = url.port().unwrap_or(5432);
+    Ok(
+        ReplicationConfig::new(host, user, password, database, slot, publication)
+            .with_port(port)
+            .with_tls(TlsConfig::disabled()),
+    )
+}
+
+fn percent_decode(text: &str) -> Result<String, std::str::Utf8Error> {
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+}
+
+/// The slot as `pg_replication_slots` shows it, with its lag.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct SlotState {
+    pub name: String,
+    pub plugin: Option<String>,
+    /// The slot's database (a logical slot belongs to one).
+    pub database: Option<String>,
+    /// A session reads it now.
+    pub active: bool,
+    pub active_pid: Option<i32>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (invalidated: it can never be read again).
+    pub wal_status: Option<String>,
+    /// WAL written since the position the reader confirmed, bytes.
+    pub lag_bytes: Option<i64>,
+    /// WAL the slot keeps on disk, bytes.
+    pub retained_bytes: Option<i64>,
+    /// Bytes that may still be written before the slot risks being invalidated; `None` without a
+    /// `max_slot_wal_keep_size`.
+    pub safe_wal_size: Option<i64>,
+}
+
+/// Reads slot `name`, or `None` when there is none.
+pub async fn slot_state(pool: &PgPool, name: &str) -> sqlx::Result<Option<SlotState>> {
+    sqlx::query_as(
+        "SELECT slot_name::text AS name, plugin::text, database::text, active, active_pid,
+                wal_status,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 AS lag_bytes,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 AS retained_bytes,
+                safe_wal_size
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await
+}
+
+/// One prerequisite of `--source wal`, checked.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    /// What was checked, e.g. `wal_level`.
+    pub check: &'static str,
+    /// `ok`, `warn` (works, but an operator should know) or `missing` (the WAL relay cannot run).
+    pub verdict: Verdict,
+    /// What was found, and when not ok, what to do.
+    pub detail: String,
+}
+
+/// How a prerequisite stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Ok,
+    Warn,
+    Missing,
+}
+
+/// Everything `--source wal` needs, one finding each, read-only: the server's settings, the role's
+/// privilege, the publication, the slot (when there is one) and a replication session's round trip.
+pub async fn check(
+    pool: &PgPool,
+    database_url: &str,
+    slot: &str,
+    publication: &str,
+) -> anyhow::Result<Vec<Finding>> {
+    let mut findings = Vec::new();
+    let mut say = |check, verdict, detail: String| {
+        findings.push(Finding {
+            check,
+            verdict,
+            detail,
+        })
+    };
+    let setting = |name: &'static str| async move {
+        sqlx::query_scalar::<_, String>("SELECT current_setting($1)")
+            .bind(name)
+            .fetch_one(pool)
+            .await
+    };
+
+    let wal_level = setting("wal_level").await?;
+    if wal_level == "logical" {
+        say("wal_level", Verdict::Ok, "logical".to_owned());
+    } else {
+        say(
+            "wal_level",
+            Verdict::Missing,
+            format!(
+                "{wal_level}: set wal_level = logical (ALTER SYSTEM SET wal_level = logical) and \
+                 restart PostgreSQL"
+            ),
+        );
+    }
+
+    let (slots_used, slots_max, senders_max): (i64, i32, i32) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM pg_replication_slots),
+                current_setting('max_replication_slots')::int4,
+                current_setting('max_wal_senders')::int4",
+    )
+    .fetch_one(pool)
+    .await?;
+    let own_slot = slot_state(pool, slot).await?;
+    if own_slot.is_some() || slots_used < i64::from(slots_max) {
+        say(
+            "max_replication_slots",
+            Verdict::Ok,
+            format!("{slots_used} of {slots_max} in use"),
+        );
+    } else {
+        say(
+            "max_replication_slots",
+            Verdict::Missing,
+            format!("all {slots_max} in use: raise max_replication_slots (restart)"),
+        );
+    }
+    if senders_max > 0 {
+        say(
+            "max_wal_senders",
+            Verdict::Ok,
+            format!("{senders_max} (one reader and one standby need 2)"),
+        );
+    } else {
+        say(
+            "max_wal_senders",
+            Verdict::Missing,
+            "0: set max_wal_senders (restart)".to_owned(),
+        );
+    }
+
+    let (role, may_replicate): (String, bool) = sqlx::query_as(
+        "SELECT current_user::text, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
+    )
+    .fetch_one(pool)
+    .await?;
+    if may_replicate {
+        say("replication privilege", Verdict::Ok, format!("role {role}"));
+    } else {
+        say(
+            "replication privilege",
+            Verdict::Missing,
+            format!("role {role} lacks it: as a superuser, ALTER ROLE {role} REPLICATION"),
+        );
+    }
+
+    let published: Option<bool> = sqlx::query_scalar(
+        "SELECT p.pubinsert AND EXISTS (SELECT 1 FROM pg_publication_tables t
+                                        WHERE t.pubname = p.pubname AND t.tablename = 'outbox'
+                                          AND t.schemaname = current_schema())
+         FROM pg_publication p WHERE p.pubname = $1",
+    )
+    .bind(publication)
+    .fetch_optional(pool)
+    .await?;
+    match published {
+        Some(true) => say(
+            "publication",
+            Verdict::Ok,
+            format!("{publication} publishes the outbox's inserts"),
+        ),
+        Some(false) => say(
+            "publication",
+            Verdict::Missing,
+            format!(
+                "{publication} exists but does not publish inserts into the outbox: \
+                 ALTER PUBLICATION {publication} SET TABLE outbox, SET (publish = 'insert')"
+            ),
+        ),
+        None => say(
+            "publication",
+            Verdict::Missing,
+            format!(
+                "{publication} does not exist: as the database's owner, CREATE PUBLICATION \
+                 {publication} FOR TABLE outbox WITH (publish = 'insert')"
+            ),
+        ),
+    }
+
+    let keep: String = setting("max_slot_wal_keep_size").await?;
+    match &own_slot {
+        None => say(
+            "slot",
+            Verdict::Ok,
+            format!("{slot} does not exist yet: the WAL relay creates it on its first start"),
+        ),
+        Some(state) => {
+            let (verdict, detail) = describe_slot(state, &keep);
+            say("slot", verdict, detail);
+        }
+    }
+    if keep == "-1" {
+        say(
+            "max_slot_wal_keep_size",
+            Verdict::Warn,
+            "-1 (no limit): a slot whose reader is gone keeps WAL until the disk is full; set a \
+             limit larger than the WAL of the longest outage you will ride out"
+                .to_owned(),
+        );
+    } else {
+        say("max_slot_wal_keep_size", Verdict::Ok, keep.clone());
+    }
+
+    // The last word: a replication session opens (pg_hba, the privilege and the database as the
+    // server sees them) and identifies the server.
+    match replication_config(database_url, slot, publication) {
+        Err(refused) => say(
+            "replication connection",
+            Verdict::Missing,
+            refused.to_string(),
+        ),
+        Ok(config) => match identify(config).await {
+            Ok(detail) => say("replication connection", Verdict::Ok, detail),
+            Err(error) => say(
+                "replication connection",
+                Verdict::Missing,
+                format!("{error} (pg_hba.conf must let this role connect to this database)"),
+            ),
+        },
+    }
+    Ok(findings)
+}
+
+/// The slot's verdict: lost is fatal, unreserved or close to the limit a warning.
+fn describe_slot(state: &SlotState, keep: &str) -> (Verdict, String) {
+    let mb =
+        |bytes: Option<i64>| bytes.map_or("-".to_owned(), |b| format!("{:.1} MB", b as f64 / 1e6));
+    let reader = match state.active_pid {
+        Some(pid) if state.active => format!("read by pid {pid}"),
+        _ => "no reader".to_owned(),
+    };
+    let detail = format!(
+        "{}: {}, {reader}, {} behind, {} retained, wal_status {}, plugin {}",
+        state.name,
+        state.database.as_deref().unwrap_or("no database"),
+        mb(state.lag_bytes),
+        mb(state.retained_bytes),
+        state.wal_status.as_deref().unwrap_or("-"),
+        state.plugin.as_deref().unwrap_or("-"),
+    );
+    match state.wal_status.as_deref() {
+        Some("lost") => (
+            Verdict::Missing,
+            format!(
+                "{detail}: invalidated, it can never be read again; drop it (the polling relay delivers meanwhile)"
+            ),
+        ),
+        Some("unreserved") => (
+            Verdict::Warn,
+            format!("{detail}: past max_slot_wal_keep_size ({keep}), about to be invalidated"),
+        ),
+        _ if state.plugin.as_deref() != Some("pgoutput") => (
+            Verdict::Missing,
+            format!("{detail}: not a pgoutput slot; drop it or name another with --slot"),
+        ),
+        _ => (Verdict::Ok, detail),
+    }
+}
+
+/// Opens a replication session, identifies the server and closes it.
+async fn identify(config: ReplicationConfig) -> anyhow::Result<String> {
+    let mut client = ReplicationClient::connect_gated(config).await?;
+    let identified =
+        tokio::time::timeout(std::time::Duration::from_secs(10), client.identify_system())
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within 10 s"))?;
+    client.abort();
+    let system = identified?;
+    Ok(format!(
+        "system {}, timeline {}, WAL at {}, database {}",
+        system.system_id,
+        system.timeline,
+        system.xlogpos,
+        system.dbname.as_deref().unwrap_or("-")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_need_quoting_are_refused() {
+        assert!(check_name("slot", "waybill_outbox").is_ok());
+        for bad in ["", "Outbox", "a-b", "x; DROP", &"a".repeat(64), "ü"] {
+            assert!(check_name("slot", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_url_asking_for_tls_is_refused_not_downgraded() {
+        let refused =
+            replication_config("postgres://relay:pw@db:5433/shop?sslmode=require", "s", "p")
+                .expect_err("refused");
+        assert!(refused.to_string().contains("sslmode=require"));
+        assert!(
+            replication_config("postgres://relay@127.0.0.1/shop?sslmode=disable", "s", "p").is_ok()
+        );
+        assert!(
+            replication_config("postgres://relay@127.0.0.1/shop?sslmode=prefer", "s", "p").is_ok()
+        );
+    }
+
+    #[test]
+    fn a_slot_that_is_lost_or_not_pgoutput_is_reported() {
+        let state = |wal_status: &str, plugin: &str| SlotState {
+            name: "s".into(),
+            plugin: Some(plugin.into()),
+            database: Some("shop".into()),
+            active: false,
+            active_pid: None,
+            wal_status: Some(wal_status.into()),
+            lag_bytes: Some(2_000_000),
+            retained_bytes: Some(3_000_000),
+            safe_wal_size: None,
+        };
+        assert_eq!(
+            describe_slot(&state("reserved", "pgoutput"), "-1").0,
+            Verdict::Ok
+        );
+        assert_eq!(
+            describe_slot(&state("unreserved", "pgoutput"), "1GB").0,
+            Verdict::Warn
+        );
+        assert_eq!(
+            describe_slot(&state("lost", "pgoutput"), "1GB").0,
+            Verdict::Missing
+        );
+        assert_eq!(
+            describe_slot(&state("reserved", "test_decoding"), "-1").0,
+            Verdict::Missing
+        );
+        assert!(
+            describe_slot(&state("reserved", "pgoutput"), "-1")
+                .1
+                .contains("2.0 MB behind")
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! `waybill-relay wal check` against real servers: a private PostgreSQL made for logical decoding
+//! (testkit's) passes, and what is missing — the privilege, the publication, the setting — is named
+//! with exit 1; a slot's lag is reported; nothing is changed by the check.
+
+use serde_json::Value;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use testkit::PostgresServer;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn wal_check(url: &str, extra: &[&str]) -> Run {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-relay"))
+        .args(["wal", "check", "--json"])
+        .args(extra)
+        .args(["--database-url", url])
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("waybill-relay runs");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn findings(run: &Run) -> Value {
+    serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", run.stdout, run.stderr))
+}
+
+fn verdict<'a>(findings: &'a Value, check: &str) -> (&'a str, &'a str) {
+    let finding = findings["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .find(|f| f["check"] == check)
+        .unwrap_or_else(|| panic!("no finding {check}: {findings}"));
+    (
+        finding["verdict"].as_str().expect("verdict"),
+        finding["detail"].as_str().expect("detail"),
+    )
+}
+
+async fn migrated(server: &PostgresServer) -> (String, PgPool) {
+    let url = server.url("shop");
+    ops::database::ensure_database(&url)
+        .await
+        .expect("database");
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await
+        .expect("connects");
+    store::MIGRATOR.run(&pool).await.expect("migrated");
+    (url, pool)
+}
+
+#[tokio::test]
+async fn a_server_made_for_logical_decoding_passes_and_a_slot_reports_its_lag() {
+    let server = PostgresServer::start().expect("private PostgreSQL");
+    let (url, pool) = migrated(&server).await;
+
+    let run = wal_check(&url, &[]).await;
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let found = findings(&run);
+    assert_eq!(found["ready"], true);
+    assert_eq!(verdict(&found, "wal_level").0, "ok");
+    assert_eq!(verdict(&found, "publication").0, "ok");
+    assert_eq!(verdict(&found, "replication privilege").0, "ok");
+    let (connection, detail) = verdict(&found, "replication connection");
+    assert_eq!(connection, "ok", "{detail}");
+    assert!(detail.contains("database shop"), "{detail}");
+    // No limit on what a slot may keep: works, but said.
+    assert_eq!(verdict(&found, "max_slot_wal_keep_size").0, "warn");
+    let slots: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots")
+        .fetch_one(&pool)
+        .await
+        .expect("slots");
+    assert_eq!(slots, 0, "the check creates nothing");
+
+    // A slot nobody reads falls behind as WAL is written, and says so.
+    sqlx::query("SELECT pg_create_logical_replication_slot('waybill_outbox', 'pgoutput')")
+        .execute(&pool)
+        .await
+        .expect("slot");
+    sqlx::query(
+        "CREATE TABLE filler AS SELECT g, repeat('x', 500) AS pad FROM generate_series(1, 5000) g",
+    )
+    .execute(&pool)
+    .await
+    .expect("WAL written");
+    let found = findings(&wal_check(&url, &[]).await);
+    let (slot, detail) = verdict(&found, "slot");
+    assert_eq!(slot, "ok", "{detail}");
+    assert!(detail.contains("no reader"), "{detail}");
+    assert!(!detail.contains(" 0.0 MB behind"), "{detail}");
+
+    // Another plugin's slot under the name is not ours to read.
+    sqlx::query("SELECT pg_create_logical_replication_slot('decoding', 'test_decoding')")
+        .execute(&pool)
+        .await
+        .expect("slot");
+    let run = wal_check(&url, &["--slot", "decoding"]).await;
+    assert_eq!(run.code, 1);
+    assert_eq!(verdict(&findings(&run), "slot").0, "missing");
+}
+
+#[tokio::test]
+async fn what_is_missing_is_named_and_exits_1() {
+    let server = PostgresServer::start().expect("private PostgreSQL");
+    let (url, pool) = migrated(&server).await;
+    sqlx::query("CREATE ROLE plain LOGIN")
+        .execute(&pool)
+        .await
+        .expect("role");
+    sqlx::query("DROP PUBLICATION waybill_outbox")
+        .execute(&pool)
+        .await
+        .expect("dropped");
+    let plain = url.replacen("postgres@", "plain@", 1);
+    assert_ne!(plain, url, "the URL names its user: {url}");
+
+    let run = wal_check(&plain, &[]).await;
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let found = findings(&run);
+    assert_eq!(found["ready"], false);
+    let (privilege, detail) = verdict(&found, "replication privilege");
+    assert_eq!(privilege, "missing");
+    assert!(detail.contains("ALTER ROLE plain REPLICATION"), "{detail}");
+    let (publication, detail) = verdict(&found, "publication");
+    assert_eq!(publication, "missing");
+    assert!(
+        detail.contains("CREATE PUBLICATION waybill_outbox"),
+        "{detail}"
+    );
+    assert_eq!(verdict(&found, "replication connection").0, "missing");
+
+    // Names that would need quoting are refused before anything is read.
+    let run = wal_check(&url, &["--slot", "Bad-Slot"]).await;
+    assert_eq!(run.code, 2, "{}", run.stderr);
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_server_without_logical_decoding_is_told_how_to_enable_it(pool: PgPool) {
+    let wal_level: String = sqlx::query_scalar("SHOW wal_level")
+        .fetch_one(&pool)
+        .await
+        .expect("wal_level");
+    let url = testkit::database_url(&pool).await;
+    let found = findings(&wal_check(&url, &[]).await);
+    let (verdict, detail) = verdict(&found, "wal_level");
+    if wal_level == "logical" {
+        assert_eq!(verdict, "ok");
+    } else {
+        assert_eq!(verdict, "missing");
+        assert!(detail.contains("wal_level = logical"), "{detail}");
+        assert_eq!(found["ready"], false);
+    }
+}
