@@ -225,6 +225,32 @@ struct RunArgs {
     /// Do not create or verify the stream at start.
     #[arg(long)]
     no_provision: bool,
+
+    /// Where new outbox rows are read from. `poll` (the default): claimed from the table, by any
+    /// number of relays side by side. `wal`: streamed from a logical replication slot as they commit
+    /// — less database work per event and no wait for a poll — with one reader per slot (another
+    /// relay started on it stands by and takes over when the first one's session ends). Needs
+    /// wal_level = logical, the REPLICATION privilege and the outbox's publication: `wal check` says
+    /// what is missing. See docs/decisions/relay-wal.md.
+    #[arg(long, env = "WAYBILL_RELAY_SOURCE", value_enum, default_value_t = Source::Poll)]
+    source: Source,
+
+    /// With --source wal: the replication slot (made when missing).
+    #[arg(long, env = "WAYBILL_WAL_SLOT", default_value = crate::wal::slot::DEFAULT_SLOT)]
+    slot: String,
+
+    /// With --source wal: the publication of the outbox's inserts (migration 0005 makes it).
+    #[arg(long, env = "WAYBILL_WAL_PUBLICATION", default_value = crate::wal::slot::DEFAULT_PUBLICATION)]
+    publication: String,
+}
+
+/// `run --source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Source {
+    /// Claim rows from the outbox table.
+    Poll,
+    /// Stream rows from a logical replication slot.
+    Wal,
 }
 
 /// `--retention`: a duration, or `off`.
@@ -443,6 +469,21 @@ async fn relay_run(
         config.relay_id = id;
     }
     config.validate().map_err(ops::Refused::new)?;
+    if args.source == Source::Wal {
+        if args.once {
+            return Err(ops::Refused::new(
+                "--once drains the outbox by polling; run it without --source wal",
+            )
+            .into());
+        }
+        crate::wal::slot::check_name("slot", &args.slot)?;
+        crate::wal::slot::check_name("publication", &args.publication)?;
+        crate::wal::slot::replication_config(
+            &connection.shared.database.url,
+            &args.slot,
+            &args.publication,
+        )?;
+    }
     let relay = Relay::connect(
         &connection.shared.database.url,
         connection.shared.nats.clone(),
@@ -473,9 +514,16 @@ async fn relay_run(
         .await?;
         tracing::info!(%bound, "metrics at http://{bound}/metrics");
     }
-    tracing::info!(relay_id = %relay.config().relay_id, stream = %relay.config().stream.name, once = args.once, "relay starting");
+    tracing::info!(relay_id = %relay.config().relay_id, stream = %relay.config().stream.name, once = args.once, source = ?args.source, "relay starting");
     let summary = if args.once {
         relay.drain().await.context("relay step failed")?
+    } else if args.source == Source::Wal {
+        let source = crate::wal::WalSource {
+            database_url: connection.shared.database.url.clone(),
+            slot: args.slot,
+            publication: args.publication,
+        };
+        relay.run_wal(&source, ops::shutdown_signal()).await?
     } else {
         relay.run(ops::shutdown_signal()).await
     };

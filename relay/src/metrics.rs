@@ -101,6 +101,41 @@ pub fn describe() {
         Unit::Seconds,
         "Age of the oldest transaction in this database that holds back vacuum (has a snapshot); dead outbox tuples newer than it cannot be reclaimed. Other roles' sessions are seen only with pg_read_all_stats (or as superuser)."
     );
+    describe_gauge!(
+        "waybill_relay_wal_lag_bytes",
+        Unit::Bytes,
+        "With --source wal: WAL written since the position the relay last confirmed to its slot."
+    );
+    describe_gauge!(
+        "waybill_relay_wal_retained_bytes",
+        Unit::Bytes,
+        "With --source wal: WAL PostgreSQL keeps on disk for the slot. Alert long before the disk or max_slot_wal_keep_size."
+    );
+    describe_gauge!(
+        "waybill_relay_wal_slot_active",
+        "With --source wal: 1 while a session reads the slot (this relay or another), 0 while none does."
+    );
+    describe_gauge!(
+        "waybill_relay_wal_slot_safe_bytes",
+        Unit::Bytes,
+        "With --source wal: WAL that may still be written before the slot risks invalidation (-1: no max_slot_wal_keep_size)."
+    );
+}
+
+/// The WAL relay's slot, as `pg_replication_slots` shows it.
+pub fn record_slot(state: &crate::wal::slot::SlotState) {
+    gauge!("waybill_relay_wal_lag_bytes").set(state.lag_bytes.unwrap_or(0) as f64);
+    gauge!("waybill_relay_wal_retained_bytes").set(state.retained_bytes.unwrap_or(0) as f64);
+    gauge!("waybill_relay_wal_slot_active").set(if state.active { 1.0 } else { 0.0 });
+    gauge!("waybill_relay_wal_slot_safe_bytes").set(state.safe_wal_size.unwrap_or(-1) as f64);
+}
+
+/// What one WAL batch did at the broker.
+pub fn record_wal_publishes(published: u64, duplicates: u64, fenced: u64, failed: u64) {
+    counter!("waybill_relay_published_total").increment(published);
+    counter!("waybill_relay_duplicate_acks_total").increment(duplicates);
+    counter!("waybill_relay_fenced_total").increment(fenced);
+    counter!("waybill_relay_retries_total").increment(failed);
 }
 
 /// Sent rows deleted by the retention sweep.

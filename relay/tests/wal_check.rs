@@ -163,3 +163,38 @@ async fn a_server_without_logical_decoding_is_told_how_to_enable_it(pool: PgPool
         assert_eq!(found["ready"], false);
     }
 }
+
+#[tokio::test]
+async fn run_with_the_wal_source_refuses_what_it_cannot_do_before_connecting() {
+    let refused = |args: &'static [&'static str], url: &'static str| async move {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-relay"))
+            .args(["run", "--source", "wal"])
+            .args(args)
+            // Nothing listens there: a refusal must come before any connection is tried.
+            .args(["--database-url", url, "--nats-url", "nats://127.0.0.1:1"])
+            .env("RUST_LOG", "warn")
+            .output()
+            .await
+            .expect("waybill-relay runs");
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = refused(&["--once"], "postgres://u@127.0.0.1:1/db").await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--once"), "{stderr}");
+    let (code, stderr) = refused(&["--slot", "no such; slot"], "postgres://u@127.0.0.1:1/db").await;
+    assert_eq!(code, 2, "{stderr}");
+    let (code, stderr) = refused(
+        &[],
+        "postgres://u:secret@127.0.0.1:1/db?sslmode=verify-full",
+    )
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("no TLS"), "{stderr}");
+    assert!(
+        !stderr.contains("secret"),
+        "the password is not printed: {stderr}"
+    );
+}

@@ -1,8 +1,11 @@
 //! Reading the outbox from PostgreSQL's write-ahead log (logical decoding through the `waybill_outbox`
-//! publication) instead of polling it: the parts built so far — the pgoutput decoder, the ledger of
-//! confirmable positions and the slot's checks. docs/decisions/relay-wal.md has the design and what
-//! is still to come (the streaming loop, the standby, the polling relay's takeover).
+//! publication) instead of polling it (`run --source wal`): the pgoutput decoder, the ledger of
+//! confirmable positions, the slot and its checks, and the streaming loop. docs/decisions/relay-wal.md
+//! has the design and what is still to come.
 
 pub mod ledger;
 pub mod pgoutput;
 pub mod slot;
+pub mod stream;
+
+pub use stream::WalSource;

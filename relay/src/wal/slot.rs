@@ -117,6 +117,50 @@ pub async fn slot_state(pool: &PgPool, name: &str) -> sqlx::Result<Option<SlotSt
     .await
 }
 
+/// Creates logical slot `name` for pgoutput; `false` when it exists already (perhaps made by another
+/// relay a moment ago).
+pub async fn create_slot(pool: &PgPool, name: &str) -> sqlx::Result<bool> {
+    let created = sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(name)
+        .execute(pool)
+        .await;
+    match created {
+        Ok(_) => Ok(true),
+        Err(error)
+            if error
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|code| code == "42710") =>
+        {
+            Ok(false)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Drops slot `name` (one no session reads); `false` when there was none.
+pub async fn drop_slot(pool: &PgPool, name: &str) -> sqlx::Result<bool> {
+    let dropped = sqlx::query(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(name)
+    .execute(pool)
+    .await?;
+    Ok(dropped.rows_affected() > 0)
+}
+
+/// Where slot `name`'s reader last confirmed, as a WAL position.
+pub async fn confirmed_position(pool: &PgPool, name: &str) -> sqlx::Result<Option<u64>> {
+    let position: Option<Option<i64>> = sqlx::query_scalar(
+        "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::int8 FROM pg_replication_slots
+         WHERE slot_name = $1",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await?;
+    Ok(position.flatten().and_then(|p| u64::try_from(p).ok()))
+}
+
 /// One prerequisite of `--source wal`, checked.
 #[derive(Debug, Clone, Serialize)]
 pub struct Finding {
@@ -226,11 +270,12 @@ pub async fn check(
 
     let published: Option<bool> = sqlx::query_scalar(
         "SELECT p.pubinsert AND EXISTS (SELECT 1 FROM pg_publication_tables t
-                                        WHERE t.pubname = p.pubname AND t.tablename = 'outbox'
+                                        WHERE t.pubname = p.pubname AND t.tablename = $2
                                           AND t.schemaname = current_schema())
          FROM pg_publication p WHERE p.pubname = $1",
     )
     .bind(publication)
+    .bind(store::outbox::TABLE)
     .fetch_optional(pool)
     .await?;
     match published {

@@ -434,6 +434,43 @@ pub async fn rewind_after(
     .rows_affected())
 }
 
+/// Marks rows a relay reading the WAL delivered (`ids[i]` stored at stream sequence `seqs[i]`) as
+/// sent: one statement for a whole batch, by primary key, outside any claim — the WAL relay locks
+/// nothing before publishing. A row already sent is left as it is (a polling relay got there first);
+/// a row another relay has claimed is waited for, then marked (its publish was deduplicated). Returns
+/// the rows marked.
+pub async fn mark_delivered(
+    pool: &PgPool,
+    relay_id: &str,
+    ids: &[i64],
+    seqs: &[i64],
+) -> sqlx::Result<u64> {
+    sqlx::query(
+        "UPDATE outbox o
+         SET status = 'sent', sent_at = clock_timestamp(), stream_seq = u.seq, attempts = o.attempts + 1,
+             last_error = NULL, divergence = NULL, claimed_by = $3, claimed_at = clock_timestamp()
+         FROM UNNEST($1::int8[], $2::int8[]) AS u(id, seq)
+         WHERE o.id = u.id AND o.status <> 'sent'",
+    )
+    .bind(ids)
+    .bind(seqs)
+    .bind(relay_id)
+    .execute(pool)
+    .await
+    .map(|done| done.rows_affected())
+}
+
+/// Of `aggregates`, those with a row not yet sent (pending, failed or dead).
+pub async fn unsent_aggregates(pool: &PgPool, aggregates: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar(
+        "SELECT DISTINCT aggregate_id FROM outbox
+         WHERE aggregate_id = ANY($1) AND status <> 'sent'",
+    )
+    .bind(aggregates)
+    .fetch_all(pool)
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use sqlx::PgPool;

@@ -1,0 +1,483 @@
+//! `run --source wal`: the relay reads new outbox rows from a logical replication slot instead of
+//! claiming them, publishes them exactly as a claim's rows are published (the event id as
+//! `Nats-Msg-Id`, each aggregate's versions chained behind their predecessor's PubAck and fenced with
+//! `Nats-Expected-Last-Subject-Sequence`), marks them sent in one statement per batch, and only then
+//! confirms their WAL position to PostgreSQL.
+//!
+//! What the slot does not carry is the polling machinery's: before every session starts streaming,
+//! one polling drain delivers whatever the outbox holds unsent (rows committed before the slot
+//! existed, rows whose marks a crash lost, rows handed over below), and an aggregate whose publish
+//! keeps failing is handed over to polling — its rows stay unsent in the outbox, where the claim's
+//! retries, dead rows and divergences apply — until it has nothing unsent left. A crash anywhere
+//! replays from the last confirmed position; the stream's dedupe and the fence absorb the copies.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use ops::error_chain;
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use uuid::Uuid;
+
+use super::ledger::{Ledger, Ticket};
+use super::pgoutput::{Change, Relations, decode};
+use super::slot;
+use crate::claim::ClaimedRow;
+use crate::metrics;
+use crate::publish::{Outcome, publish_runs};
+use crate::{Relay, RunSummary};
+
+/// The slot and publication a WAL relay reads.
+#[derive(Debug, Clone)]
+pub struct WalSource {
+    /// The database URL, for the replication session (it must not ask for TLS).
+    pub database_url: String,
+    pub slot: String,
+    pub publication: String,
+}
+
+/// Fence positions remembered per aggregate before the map is cleared (a miss only asks the stream).
+const FENCES_KEPT: usize = 200_000;
+/// How often aggregates handed over to polling are drained and looked at again.
+const HANDOVER_EVERY: Duration = Duration::from_secs(5);
+/// How often the slot's lag is read into the metrics.
+const LAG_EVERY: Duration = Duration::from_secs(5);
+
+/// How a streaming session ended.
+enum Ended {
+    /// Shutdown was asked for.
+    Stopped,
+    /// Another relay reads the slot: this one is a standby.
+    SlotBusy(String),
+    /// The slot was invalidated (or dropped): a new one is made, after a polling drain.
+    SlotGone(String),
+}
+
+impl Relay {
+    /// Relays from the WAL until `shutdown` resolves. A second relay started on the same slot waits as
+    /// a standby and takes over when the first one's session ends.
+    pub async fn run_wal(
+        &self,
+        source: &WalSource,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<RunSummary> {
+        slot::check_name("slot", &source.slot)?;
+        slot::check_name("publication", &source.publication)?;
+        // Refused now, not at the first session: a URL that asks for TLS.
+        slot::replication_config(&source.database_url, &source.slot, &source.publication)?;
+        metrics::describe();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopper = {
+            let (stopping, stop) = (stopping.clone(), stop.clone());
+            tokio::spawn(async move {
+                shutdown.await;
+                stopping.store(true, Ordering::Relaxed);
+                stop.notify_waiters();
+            })
+        };
+        let lag = tokio::spawn(watch_lag(self.pool().clone(), source.slot.clone()));
+        let mut summary = RunSummary::default();
+        let mut failures = 0u32;
+        let mut standby_since: Option<Instant> = None;
+        while !stopping.load(Ordering::Relaxed) {
+            let pause = match self
+                .stream_session(source, &stopping, &stop, &mut summary)
+                .await
+            {
+                Ok(Ended::Stopped) => break,
+                Ok(Ended::SlotBusy(reason)) => {
+                    if standby_since.is_none() {
+                        tracing::info!(slot = %source.slot, %reason, "another relay reads the slot; standing by");
+                    }
+                    standby_since.get_or_insert_with(Instant::now);
+                    Duration::from_secs(1)
+                }
+                Ok(Ended::SlotGone(reason)) => {
+                    tracing::warn!(slot = %source.slot, %reason, "the slot cannot be read; dropping it and starting again from the outbox");
+                    if let Err(error) = slot::drop_slot(self.pool(), &source.slot).await {
+                        tracing::warn!(error = %error_chain(&error), "dropping the slot failed");
+                    }
+                    Duration::ZERO
+                }
+                Err(error) => {
+                    failures += 1;
+                    tracing::error!(error = %error_chain(error.as_ref()), "WAL session failed; starting again");
+                    Duration::from_millis(250) * 2u32.pow(failures.min(6))
+                }
+            };
+            if pause.is_zero() {
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stop.notified() => {}
+            }
+        }
+        lag.abort();
+        stopper.abort();
+        tracing::info!(?summary, "relay stopped");
+        Ok(summary)
+    }
+
+    /// One replication session: the slot made if missing, a polling drain, then the stream until
+    /// shutdown or an error.
+    async fn stream_session(
+        &self,
+        source: &WalSource,
+        stopping: &Arc<AtomicBool>,
+        stop: &tokio::sync::Notify,
+        summary: &mut RunSummary,
+    ) -> anyhow::Result<Ended> {
+        match slot::slot_state(self.pool(), &source.slot).await? {
+            Some(state) if state.active => {
+                return Ok(Ended::SlotBusy(format!(
+                    "read by pid {}",
+                    state.active_pid.unwrap_or_default()
+                )));
+            }
+            Some(state) if state.wal_status.as_deref() == Some("lost") => {
+                return Ok(Ended::SlotGone("invalidated (wal_status lost)".to_owned()));
+            }
+            Some(_) => {}
+            None => {
+                if slot::create_slot(self.pool(), &source.slot).await? {
+                    tracing::info!(slot = %source.slot, "replication slot created");
+                }
+            }
+        }
+        // Everything unsent now is delivered by polling; what commits from here on is in the slot.
+        let drained = self.drain().await?;
+        add(summary, &drained);
+        if drained.published > 0 {
+            tracing::info!(
+                published = drained.published,
+                "drained the outbox before streaming"
+            );
+        }
+        let confirmed = slot::confirmed_position(self.pool(), &source.slot)
+            .await?
+            .unwrap_or(0);
+        let config =
+            slot::replication_config(&source.database_url, &source.slot, &source.publication)?
+                .with_start_lsn(Lsn::from_u64(confirmed))
+                .with_status_interval(Duration::from_secs(1));
+        let mut client = ReplicationClient::connect(config).await?;
+        if let Err(error) = client.wait_started().await {
+            return classify(error);
+        }
+        tracing::info!(slot = %source.slot, from = %Lsn::from_u64(confirmed), "streaming the outbox from the WAL");
+        let mut session = Session {
+            relay: self,
+            ledger: Ledger::starting_at(confirmed),
+            relations: Relations::default(),
+            fences: HashMap::new(),
+            handed_over: HashSet::new(),
+            open: Vec::new(),
+            batch: Vec::new(),
+            stopping: stopping.clone(),
+        };
+        let mut last_handover = Instant::now();
+        let ended = loop {
+            let event = tokio::select! {
+                event = client.recv() => event,
+                _ = stop.notified() => break Ended::Stopped,
+            };
+            let event = match event {
+                Ok(Some(event)) => event,
+                Ok(None) => break Ended::SlotGone("the server ended the stream".to_owned()),
+                Err(error) => break classify(error)?,
+            };
+            session.read(event)?;
+            // Publish when nothing more is waiting, or the batch is full; what arrives meanwhile
+            // waits in the replication client's buffer.
+            let most = usize::try_from(self.config().max_rows).unwrap_or(usize::MAX);
+            let mut full = session.batch_rows() >= most;
+            while !full {
+                match client.recv().now_or_never() {
+                    Some(Ok(Some(event))) => {
+                        session.read(event)?;
+                        full = session.batch_rows() >= most;
+                    }
+                    Some(Ok(None)) | None => break,
+                    Some(Err(error)) => return classify(error),
+                }
+            }
+            if !session.batch.is_empty() {
+                session.deliver(summary).await?;
+            }
+            client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
+            if !session.handed_over.is_empty() && last_handover.elapsed() >= HANDOVER_EVERY {
+                last_handover = Instant::now();
+                session.hand_back(summary).await?;
+            }
+            if stopping.load(Ordering::Relaxed) {
+                break Ended::Stopped;
+            }
+        };
+        client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
+        if let Err(error) = client.shutdown().await {
+            tracing::debug!(error = %error, "closing the replication session");
+        }
+        Ok(ended)
+    }
+}
+
+/// Tells a slot another session reads (SQLSTATE 55006) or that can no longer be read (55000, or
+/// gone: 42704) from a failure.
+fn classify(error: pgwire_replication::PgWireError) -> anyhow::Result<Ended> {
+    let text = error.to_string();
+    if text.contains("55006") {
+        Ok(Ended::SlotBusy(text))
+    } else if text.contains("55000") || text.contains("42704") {
+        Ok(Ended::SlotGone(text))
+    } else {
+        Err(error.into())
+    }
+}
+
+fn add(summary: &mut RunSummary, other: &RunSummary) {
+    summary.claimed += other.claimed;
+    summary.published += other.published;
+    summary.duplicates += other.duplicates;
+    summary.fenced += other.fenced;
+    summary.divergences += other.divergences;
+    summary.marked_sent += other.marked_sent;
+    summary.failed += other.failed;
+    summary.dead += other.dead;
+    summary.steps += other.steps;
+}
+
+/// A streaming session's state.
+struct Session<'a> {
+    relay: &'a Relay,
+    ledger: Ledger,
+    relations: Relations,
+    /// Each aggregate's last delivered version and its stream sequence: the next version's fence.
+    fences: HashMap<Uuid, (i64, u64)>,
+    /// Aggregates whose rows polling delivers for now.
+    handed_over: HashSet<Uuid>,
+    /// The rows of the transaction being read.
+    open: Vec<ClaimedRow>,
+    /// Committed transactions read and not yet delivered.
+    batch: Vec<(Ticket, Vec<ClaimedRow>)>,
+    stopping: Arc<AtomicBool>,
+}
+
+impl Session<'_> {
+    fn batch_rows(&self) -> usize {
+        self.batch.iter().map(|(_, rows)| rows.len()).sum()
+    }
+
+    /// Takes one replication event into the ledger and the batch.
+    fn read(&mut self, event: ReplicationEvent) -> anyhow::Result<()> {
+        match event {
+            ReplicationEvent::Begin { .. } => {
+                self.ledger.begin();
+                self.open.clear();
+            }
+            ReplicationEvent::XLogData { data, .. } => match decode(&data)? {
+                Change::Relation(relation) => self.relations.describe(relation),
+                Change::Insert { relation, values } => {
+                    let insert =
+                        self.relations
+                            .outbox_insert(store::outbox::TABLE, relation, &values)?;
+                    // Rows written as anything but pending (fixtures, restores) are not new events.
+                    if let Some(insert) = insert.filter(|i| i.status == "pending") {
+                        self.open.push(insert.row);
+                    }
+                }
+                Change::Skipped(_) => {}
+            },
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                let rows = std::mem::take(&mut self.open);
+                let ticket = self.ledger.commit(end_lsn.as_u64(), rows.len());
+                if !rows.is_empty() {
+                    self.batch.push((ticket, rows));
+                }
+            }
+            ReplicationEvent::KeepAlive { wal_end, .. } => self.ledger.keepalive(wal_end.as_u64()),
+            ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// Publishes the batch — each aggregate's rows as one chain, in commit order — retrying what fails
+    /// with the relay's backoff, marks what was delivered, and moves the ledger. An aggregate whose
+    /// row fails `max_attempts` times is handed over to polling with its unsent rows.
+    async fn deliver(&mut self, summary: &mut RunSummary) -> anyhow::Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        let mut tickets: HashMap<i64, Ticket> = HashMap::new();
+        let mut chains: Vec<Vec<ClaimedRow>> = Vec::new();
+        let mut chain_of: HashMap<Uuid, usize> = HashMap::new();
+        for (ticket, rows) in batch {
+            for row in rows {
+                tickets.insert(row.id, ticket);
+                if self.handed_over.contains(&row.aggregate_id) {
+                    // Polling delivers it, after the rows before it.
+                    self.ledger.done(ticket, 1);
+                    continue;
+                }
+                let chain = *chain_of.entry(row.aggregate_id).or_insert_with(|| {
+                    chains.push(Vec::new());
+                    chains.len() - 1
+                });
+                chains[chain].push(row);
+            }
+        }
+        let mut failures = 0i32;
+        let mut rng = rand::rng();
+        while !chains.is_empty() {
+            for chain in &mut chains {
+                let head = &mut chain[0];
+                head.previous_sequence = if head.aggregate_version == 1 {
+                    Some(0)
+                } else {
+                    self.fences
+                        .get(&head.aggregate_id)
+                        .filter(|(version, _)| *version == head.aggregate_version - 1)
+                        .and_then(|(_, sequence)| i64::try_from(*sequence).ok())
+                };
+            }
+            let config = self.relay.config();
+            let deadline = Instant::now() + config.effective_step_deadline();
+            let outcomes = publish_runs(
+                self.relay.jetstream(),
+                &config.stream.name,
+                &config.stream.subject_prefix,
+                &chains,
+                config.max_in_flight,
+                deadline,
+                &self.stopping,
+                config.faults(),
+            )
+            .await;
+            let before = summary.clone();
+            let (mut ids, mut sequences) = (Vec::new(), Vec::new());
+            let mut left: Vec<Vec<ClaimedRow>> = Vec::new();
+            let now = chrono::Utc::now();
+            for (chain, outcomes) in chains.into_iter().zip(outcomes) {
+                let mut rest = Vec::new();
+                for (row, outcome) in chain.into_iter().zip(outcomes) {
+                    match outcome {
+                        Outcome::Sent {
+                            sequence,
+                            duplicate,
+                            fenced,
+                            latency,
+                        } if rest.is_empty() => {
+                            summary.published += 1;
+                            summary.duplicates += u64::from(duplicate);
+                            summary.fenced += u64::from(fenced);
+                            let commit_to_ack = (now - row.created_at).to_std().unwrap_or_default();
+                            metrics::record_ack(latency, commit_to_ack.max(latency));
+                            self.fences
+                                .insert(row.aggregate_id, (row.aggregate_version, sequence));
+                            ids.push(row.id);
+                            sequences.push(i64::try_from(sequence).unwrap_or(i64::MAX));
+                        }
+                        Outcome::Failed { error, .. } if rest.is_empty() => {
+                            summary.failed += 1;
+                            tracing::warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, error, "publish failed; retrying");
+                            rest.push(row);
+                        }
+                        _ => rest.push(row),
+                    }
+                }
+                if !rest.is_empty() {
+                    left.push(rest);
+                }
+            }
+            metrics::record_wal_publishes(
+                summary.published - before.published,
+                summary.duplicates - before.duplicates,
+                summary.fenced - before.fenced,
+                summary.failed - before.failed,
+            );
+            if self.fences.len() > FENCES_KEPT {
+                self.fences.clear();
+            }
+            if !ids.is_empty() {
+                let marked = store::outbox::relaying::mark_delivered(
+                    self.relay.pool(),
+                    &config.relay_id,
+                    &ids,
+                    &sequences,
+                )
+                .await?;
+                summary.marked_sent += marked;
+                for id in &ids {
+                    if let Some(ticket) = tickets.get(id) {
+                        self.ledger.done(*ticket, 1);
+                    }
+                }
+            }
+            chains = left;
+            if chains.is_empty() || self.stopping.load(Ordering::Relaxed) {
+                // Stopping: what is left is not confirmed, and the next session reads it again.
+                break;
+            }
+            failures += 1;
+            if failures >= config.max_attempts {
+                for chain in chains.drain(..) {
+                    let aggregate = chain[0].aggregate_id;
+                    tracing::warn!(%aggregate, rows = chain.len(), attempts = failures, "publishing keeps failing; polling delivers this aggregate for now");
+                    self.handed_over.insert(aggregate);
+                    for row in &chain {
+                        if let Some(ticket) = tickets.get(&row.id) {
+                            self.ledger.done(*ticket, 1);
+                        }
+                    }
+                }
+                break;
+            }
+            tokio::time::sleep(config.backoff.delay(failures, &mut rng)).await;
+        }
+        summary.steps += 1;
+        Ok(())
+    }
+
+    /// Drains the outbox by polling for the aggregates handed over, and takes back those with nothing
+    /// unsent left.
+    async fn hand_back(&mut self, summary: &mut RunSummary) -> anyhow::Result<()> {
+        let drained = self.relay.drain().await?;
+        add(summary, &drained);
+        let aggregates: Vec<Uuid> = self.handed_over.iter().copied().collect();
+        let unsent: HashSet<Uuid> =
+            store::outbox::relaying::unsent_aggregates(self.relay.pool(), &aggregates)
+                .await?
+                .into_iter()
+                .collect();
+        self.handed_over.retain(|a| unsent.contains(a));
+        for aggregate in aggregates.iter().filter(|a| !unsent.contains(a)) {
+            // Its fence is the stream's now: forget ours.
+            self.fences.remove(aggregate);
+            tracing::info!(%aggregate, "all delivered; streaming this aggregate again");
+        }
+        Ok(())
+    }
+}
+
+/// Reads the slot's lag into the metrics every few seconds, and warns while it risks invalidation.
+async fn watch_lag(pool: sqlx::PgPool, slot: String) {
+    let mut every = tokio::time::interval(LAG_EVERY);
+    loop {
+        every.tick().await;
+        match slot::slot_state(&pool, &slot).await {
+            Ok(Some(state)) => {
+                metrics::record_slot(&state);
+                match state.wal_status.as_deref() {
+                    Some("unreserved") => {
+                        tracing::warn!(%slot, retained_bytes = state.retained_bytes, "the slot is past max_slot_wal_keep_size and about to be invalidated")
+                    }
+                    Some("lost") => tracing::error!(%slot, "the slot was invalidated"),
+                    _ => {}
+                }
+            }
+            Ok(None) => {}
+            Err(error) => tracing::debug!(error = %error_chain(&error), "reading the slot's lag"),
+        }
+    }
+}

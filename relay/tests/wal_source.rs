@@ -1,0 +1,298 @@
+//! `waybill-relay run --source wal` against a private PostgreSQL made for logical decoding and a
+//! private nats-server: events from concurrent writers reach the stream once each and in order per
+//! aggregate across a SIGKILL of the relay, a standby takes over from a killed reader, and a slot that
+//! is dropped under the relay is recovered from the outbox without loss or copies.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use store::EventStore;
+use testkit::{NatsServer, PostgresServer, wait_until};
+use tokio::process::{Child, Command};
+
+const RELAY: &str = env!("CARGO_BIN_EXE_waybill-relay");
+const STREAM: &str = "WAL_EVENTS";
+const PREFIX: &str = "wal.events";
+
+struct World {
+    // Dropped last: the servers outlive the relays and pools.
+    pool: PgPool,
+    store: EventStore,
+    url: String,
+    nats_url: String,
+    logs: tempfile::TempDir,
+    _nats: NatsServer,
+    _postgres: PostgresServer,
+}
+
+impl World {
+    async fn new() -> Self {
+        let postgres = PostgresServer::start().expect("private PostgreSQL");
+        let nats = NatsServer::start().expect("private nats-server");
+        let url = postgres.url("shop");
+        ops::database::ensure_database(&url)
+            .await
+            .expect("database");
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .connect(&url)
+            .await
+            .expect("connects");
+        store::MIGRATOR.run(&pool).await.expect("migrated");
+        Self {
+            store: EventStore::new(pool.clone()),
+            pool,
+            url,
+            nats_url: nats.url(),
+            logs: tempfile::tempdir().expect("log directory"),
+            _nats: nats,
+            _postgres: postgres,
+        }
+    }
+
+    /// Starts a WAL relay whose log goes to `<name>.log`.
+    fn relay(&self, name: &str) -> Child {
+        let log = std::fs::File::create(self.log_path(name)).expect("log file");
+        Command::new(RELAY)
+            .args(["run", "--source", "wal", "--relay-id", name])
+            .args(["--database-url", &self.url, "--nats-url", &self.nats_url])
+            .args(["--stream", STREAM, "--subject-prefix", PREFIX])
+            .args(["--backoff", "100ms", "--publish-timeout", "2s"])
+            .env("RUST_LOG", "info,relay=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("relay starts")
+    }
+
+    fn log_path(&self, name: &str) -> PathBuf {
+        self.logs.path().join(format!("{name}.log"))
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.log_path(name)).unwrap_or_default()
+    }
+
+    async fn stream_messages(&self) -> u64 {
+        let client = async_nats::connect(&self.nats_url).await.expect("NATS");
+        let jetstream = async_nats::jetstream::new(client);
+        match jetstream.get_stream(STREAM).await {
+            Ok(mut stream) => stream.info().await.map(|i| i.state.messages).unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+
+    async fn unsent(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status <> 'sent'")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count")
+    }
+
+    async fn events(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM events")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count")
+    }
+
+    /// Waits until every event is in the stream and marked sent, then checks the stream from first
+    /// principles: each event once, each aggregate's versions in order, each publish fenced.
+    async fn everything_delivered_once_in_order(&self, relays: &[&str]) {
+        let events = self.events().await;
+        let logs = || {
+            relays
+                .iter()
+                .map(|r| self.log(r))
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        };
+        let waited = tokio::time::timeout(Duration::from_secs(180), async {
+            loop {
+                let messages = self.stream_messages().await;
+                if messages >= u64::try_from(events).expect("a count") && self.unsent().await == 0 {
+                    return messages;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+        .await;
+        let Ok(messages) = waited else {
+            panic!(
+                "not delivered: {} of {events} in the stream, {} unsent\n{}",
+                self.stream_messages().await,
+                self.unsent().await,
+                logs()
+            );
+        };
+        assert_eq!(
+            messages,
+            u64::try_from(events).expect("a count"),
+            "one message per event"
+        );
+        let client = async_nats::connect(&self.nats_url).await.expect("NATS");
+        let stored = testkit::stream_events(&async_nats::jetstream::new(client), STREAM).await;
+        let check = testkit::check_stream(&stored, PREFIX);
+        assert!(check.holds(), "{check:?}\n{}", logs());
+        assert_eq!(stored.len(), usize::try_from(events).expect("a count"));
+    }
+
+    async fn slot(&self) -> Option<(bool, Option<i32>)> {
+        sqlx::query_as(
+            "SELECT active, active_pid FROM pg_replication_slots WHERE slot_name = 'waybill_outbox'",
+        )
+        .fetch_optional(&self.pool)
+        .await
+        .expect("slot")
+    }
+}
+
+/// `orders` orders of three events each (placed, paid, shipped), written by `writers` tasks at once.
+async fn write(store: &EventStore, writers: usize, orders: usize) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for writer in 0..writers {
+        let store = store.clone();
+        let mine = orders / writers + usize::from(writer < orders % writers);
+        tasks.spawn(async move {
+            for _ in 0..mine {
+                let id = testkit::place_order(&store, &format!("c{writer}"), &["MUG:1:100"]).await;
+                testkit::pay_order(&store, id).await;
+                testkit::ship_order(&store, id).await;
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a writer");
+    }
+}
+
+fn sigkill(child: &mut Child) {
+    child.start_kill().expect("SIGKILL");
+}
+
+#[tokio::test]
+async fn twenty_thousand_events_from_concurrent_writers_arrive_once_in_order_across_a_sigkill() {
+    let world = World::new().await;
+    let mut first = world.relay("first");
+    // Writers start at once; the relay is killed while they write, with publishes in flight.
+    let writing = {
+        let store = world.store.clone();
+        tokio::spawn(async move { write(&store, 8, 6_667).await })
+    };
+    wait_until(
+        Duration::from_secs(120),
+        "a third of the events relayed",
+        || async { world.stream_messages().await >= 7_000 },
+    )
+    .await;
+    sigkill(&mut first);
+    let _ = first.wait().await;
+    let mut second = world.relay("second");
+    writing.await.expect("writers");
+    assert!(world.events().await >= 20_000);
+    world
+        .everything_delivered_once_in_order(&["first", "second"])
+        .await;
+    // The slot's reader confirmed what it delivered: the slot holds on to nothing.
+    wait_until(
+        Duration::from_secs(10),
+        "the slot confirmed the end of the WAL",
+        || async {
+            let lag: Option<i64> = sqlx::query_scalar(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8
+             FROM pg_replication_slots WHERE slot_name = 'waybill_outbox'",
+            )
+            .fetch_one(&world.pool)
+            .await
+            .expect("lag");
+            lag.is_some_and(|lag| lag < 64 * 1024)
+        },
+    )
+    .await;
+    sigkill(&mut second);
+}
+
+#[tokio::test]
+async fn a_standby_takes_over_when_the_reader_is_killed() {
+    let world = World::new().await;
+    let mut first = world.relay("first");
+    write(&world.store, 2, 20).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the first relay reads the slot",
+        || async {
+            world.slot().await.is_some_and(|(active, _)| active) && world.unsent().await == 0
+        },
+    )
+    .await;
+    let mut standby = world.relay("standby");
+    wait_until(
+        Duration::from_secs(30),
+        "the standby says it stands by",
+        || async { world.log("standby").contains("standing by") },
+    )
+    .await;
+    sigkill(&mut first);
+    let _ = first.wait().await;
+    write(&world.store, 2, 20).await;
+    wait_until(Duration::from_secs(30), "the standby streams", || async {
+        world
+            .log("standby")
+            .contains("streaming the outbox from the WAL")
+    })
+    .await;
+    world
+        .everything_delivered_once_in_order(&["first", "standby"])
+        .await;
+    sigkill(&mut standby);
+}
+
+#[tokio::test]
+async fn a_slot_dropped_under_the_relay_is_recovered_from_the_outbox() {
+    let world = World::new().await;
+    let mut relay = world.relay("relay");
+    write(&world.store, 2, 50).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the first events relayed",
+        || async {
+            world.unsent().await == 0 && world.slot().await.is_some_and(|(active, _)| active)
+        },
+    )
+    .await;
+    // Writes go on while the slot is taken away: its reader's session ended and the slot dropped
+    // (its position, and what it would have streamed, gone).
+    let writing = {
+        let store = world.store.clone();
+        tokio::spawn(async move { write(&store, 4, 200).await })
+    };
+    let mut dropped = false;
+    for _ in 0..100 {
+        let _ = sqlx::query(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+             WHERE slot_name = 'waybill_outbox' AND active",
+        )
+        .execute(&world.pool)
+        .await;
+        if sqlx::query(
+            "SELECT pg_drop_replication_slot('waybill_outbox')
+             FROM pg_replication_slots WHERE slot_name = 'waybill_outbox' AND NOT active",
+        )
+        .execute(&world.pool)
+        .await
+        .is_ok_and(|done| done.rows_affected() == 1)
+        {
+            dropped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(dropped, "the slot was dropped\n{}", world.log("relay"));
+    writing.await.expect("writers");
+    world.everything_delivered_once_in_order(&["relay"]).await;
+    sigkill(&mut relay);
+}
