@@ -166,7 +166,7 @@ impl Relay {
                 .with_status_interval(Duration::from_secs(1));
         let mut client = ReplicationClient::connect(config).await?;
         if let Err(error) = client.wait_started().await {
-            return classify(error);
+            return classify(self.pool(), &source.slot, error).await;
         }
         tracing::info!(slot = %source.slot, from = %Lsn::from_u64(confirmed), "streaming the outbox from the WAL");
         let mut session = Session {
@@ -188,7 +188,7 @@ impl Relay {
             let event = match event {
                 Ok(Some(event)) => event,
                 Ok(None) => break Ended::SlotGone("the server ended the stream".to_owned()),
-                Err(error) => break classify(error)?,
+                Err(error) => break classify(self.pool(), &source.slot, error).await?,
             };
             session.read(event)?;
             // Publish when nothing more is waiting, or the batch is full; what arrives meanwhile
@@ -202,7 +202,7 @@ impl Relay {
                         full = session.batch_rows() >= most;
                     }
                     Some(Ok(None)) | None => break,
-                    Some(Err(error)) => return classify(error),
+                    Some(Err(error)) => return classify(self.pool(), &source.slot, error).await,
                 }
             }
             if !session.batch.is_empty() {
@@ -225,16 +225,24 @@ impl Relay {
     }
 }
 
-/// Tells a slot another session reads (SQLSTATE 55006) or that can no longer be read (55000, or
-/// gone: 42704) from a failure.
-fn classify(error: pgwire_replication::PgWireError) -> anyhow::Result<Ended> {
-    let text = error.to_string();
-    if text.contains("55006") {
-        Ok(Ended::SlotBusy(text))
-    } else if text.contains("55000") || text.contains("42704") {
-        Ok(Ended::SlotGone(text))
-    } else {
-        Err(error.into())
+/// Why a replication session failed, told from the slot's state rather than from the error's text
+/// (the replication client carries the SQLSTATE only inside its message): another session reads the
+/// slot, or it was dropped or invalidated — or neither, and the failure is the error.
+async fn classify(
+    pool: &sqlx::PgPool,
+    slot_name: &str,
+    error: pgwire_replication::PgWireError,
+) -> anyhow::Result<Ended> {
+    match slot::slot_state(pool, slot_name).await? {
+        None => Ok(Ended::SlotGone(format!("dropped ({error})"))),
+        Some(state) if state.wal_status.as_deref() == Some("lost") => {
+            Ok(Ended::SlotGone(format!("invalidated ({error})")))
+        }
+        Some(state) if state.active => Ok(Ended::SlotBusy(format!(
+            "read by pid {}",
+            state.active_pid.unwrap_or_default()
+        ))),
+        Some(_) => Err(error.into()),
     }
 }
 
