@@ -296,3 +296,57 @@ async fn a_slot_dropped_under_the_relay_is_recovered_from_the_outbox() {
     world.everything_delivered_once_in_order(&["relay"]).await;
     sigkill(&mut relay);
 }
+
+#[tokio::test]
+async fn an_aggregate_the_stream_disagrees_with_goes_to_polling_and_the_others_flow_on() {
+    let world = World::new().await;
+    let mut relay = world.relay("relay");
+    let order = testkit::place_order(&world.store, "alice", &["MUG:1:100"]).await;
+    let other = testkit::place_order(&world.store, "bob", &["TEA:1:100"]).await;
+    wait_until(
+        Duration::from_secs(60),
+        "both orders placed in the stream",
+        || async { world.stream_messages().await == 2 && world.unsent().await == 0 },
+    )
+    .await;
+    // Garbage lands on the first order's subject: its next version can never be fenced on its
+    // predecessor.
+    let client = async_nats::connect(&world.nats_url).await.expect("NATS");
+    async_nats::jetstream::new(client)
+        .publish(format!("{PREFIX}.order.{order}"), "garbage".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    testkit::pay_order(&world.store, order).await;
+    testkit::pay_order(&world.store, other).await;
+    write(&world.store, 2, 10).await;
+    // Everything else arrives, promptly: the diverged order holds nobody up.
+    wait_until(
+        Duration::from_secs(15),
+        "the other orders' events in the stream",
+        || async { world.stream_messages().await == 2 + 1 + 1 + 30 },
+    )
+    .await;
+    // Polling took the diverged order over: its row says why, as a polling relay's would.
+    wait_until(
+        Duration::from_secs(30),
+        "the divergence recorded on the row",
+        || async {
+            let status = relay::admin::status(&world.pool, false)
+                .await
+                .expect("status");
+            status.diverged == 1
+                && status.divergences[0].aggregate_id == order.as_uuid()
+                && status.divergences[0].aggregate_version == 2
+        },
+    )
+    .await;
+    assert_eq!(world.unsent().await, 1, "only the diverged row is unsent");
+    assert_eq!(
+        world.stream_messages().await,
+        34,
+        "and it is not in the stream"
+    );
+    sigkill(&mut relay);
+}

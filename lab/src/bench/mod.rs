@@ -14,6 +14,7 @@ mod projections;
 mod relay;
 mod report;
 mod scaling;
+mod sources;
 mod usage;
 mod writers;
 
@@ -83,6 +84,9 @@ pub(crate) enum Part {
     Projections,
     /// The whole pipeline over HTTP: end-to-end latency, the load sweep, the sustained rate.
     Pipeline,
+    /// The relay's two sources side by side (polling and the WAL): backlog rate, CPU per event,
+    /// commit to PubAck at 1,000 events/s.
+    Sources,
 }
 
 /// Sizes of a run.
@@ -205,6 +209,9 @@ pub(crate) async fn run(database_url: &str, args: BenchArgs) -> anyhow::Result<b
     }
     if wanted(Part::Relay) {
         report.relay = Some(relay::measure(&services, &profile, &progress).await?);
+    }
+    if wanted(Part::Sources) {
+        report.sources = Some(sources::measure(&services, &profile, &progress).await?);
     }
     if wanted(Part::Projections) {
         report.projections = Some(projections::measure(&services, &profile, &progress).await?);

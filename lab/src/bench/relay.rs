@@ -306,7 +306,7 @@ async fn prepare_history(pool: &PgPool, history: i64, progress: &Progress) -> an
 
 /// The two outbox tables: the project's and the baseline's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Table {
+pub(super) enum Table {
     Outbox,
     Baseline,
 }
@@ -338,7 +338,7 @@ const BODY: &str = "jsonb_build_object('event_id', event_id, 'event_type', event
 /// every version 2, …), into `events` and into `table` with `status`. History rows (`sent`) get no
 /// stream sequence (in `outbox`) or sent time (in `baseline_outbox`), which tells them apart from rows
 /// a drain sent.
-async fn seed(
+pub(super) async fn seed(
     pool: &PgPool,
     events: i64,
     versions: i64,

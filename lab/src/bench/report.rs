@@ -9,6 +9,7 @@ use super::Profile;
 use super::pipeline::{LoadStep, PipelineFigures};
 use super::projections::ProjectionFigures;
 use super::relay::RelayFigures;
+use super::sources::SourcesFigures;
 use super::writers::WriterFigures;
 
 /// Everything one run measured; a part not run is `None`.
@@ -19,6 +20,7 @@ pub(super) struct Report {
     pub relay: Option<RelayFigures>,
     pub projections: Option<ProjectionFigures>,
     pub pipeline: Option<PipelineFigures>,
+    pub sources: Option<SourcesFigures>,
     /// Wall time of the run.
     pub seconds: f64,
 }
@@ -64,6 +66,7 @@ impl Report {
             relay: None,
             projections: None,
             pipeline: None,
+            sources: None,
             seconds: 0.0,
         }
     }
@@ -123,6 +126,15 @@ impl Report {
                 at_least(name, a / b, bound, ratios(a_runs, b_runs));
             }
         }
+        if let Some(sources) = &self.sources {
+            let (wal, poll) = (&sources.wal, &sources.poll);
+            at_least(
+                "sources.wal.events_per_s / sources.poll.events_per_s",
+                wal.events_per_s / poll.events_per_s,
+                1.0,
+                ratios(&wal.runs.events_per_s, &poll.runs.events_per_s),
+            );
+        }
         if let Some(projections) = &self.projections {
             for (name, value) in [
                 ("projections.inventory", projections.inventory),
@@ -161,6 +173,21 @@ impl Report {
                 rounds,
             })
         };
+        if let Some(sources) = &self.sources {
+            let (wal, poll) = (&sources.wal, &sources.poll);
+            at_most(
+                "sources.wal.cpu_us.total / sources.poll.cpu_us.total",
+                wal.cpu_us.total / poll.cpu_us.total,
+                0.6,
+                ratios(&wal.runs.cpu_us_total, &poll.runs.cpu_us_total),
+            );
+            at_most(
+                "sources.wal.ack_p99_ms",
+                wal.ack_p99_ms,
+                10.0,
+                wal.runs.ack_p99_ms.clone(),
+            );
+        }
         if let Some(relay) = &self.relay {
             at_most(
                 "relay.cpu_us.total",
@@ -217,6 +244,9 @@ impl Report {
         }
         if let Some(projections) = &self.projections {
             document["projections"] = json!(projections);
+        }
+        if let Some(sources) = &self.sources {
+            document["sources"] = json!(sources);
         }
         if let Some(pipeline) = &self.pipeline {
             let e2e = &pipeline.e2e;
@@ -339,6 +369,30 @@ impl Report {
                 "  CPU per event (one lane): {:.0} µs = relay {:.0} + PostgreSQL {:.0} + nats-server {:.0}",
                 c.total, c.relay, c.postgres, c.nats
             );
+        }
+        if let Some(so) = &self.sources {
+            let _ = writeln!(
+                out,
+                "\nthe relay's sources side by side on {} (backlog of {} events; commit to PubAck at 1,000 events/s for {} s)",
+                so.server, so.events, so.steady_seconds
+            );
+            for (name, f) in [("poll", &so.poll), ("wal", &so.wal)] {
+                let c = &f.cpu_us;
+                let _ = writeln!(
+                    out,
+                    "  {name:<5} {:>8.0} events/s (rounds {})   CPU {:.1} µs = relay {:.1} + PostgreSQL {:.1} + nats-server {:.1} (rounds {})   commit to PubAck p50 {:.1} ms, p99 {:.1} ms (rounds {})",
+                    f.events_per_s,
+                    spread(&f.runs.events_per_s),
+                    c.total,
+                    c.relay,
+                    c.postgres,
+                    c.nats,
+                    spread(&f.runs.cpu_us_total),
+                    f.ack_p50_ms,
+                    f.ack_p99_ms,
+                    spread(&f.runs.ack_p99_ms)
+                );
+            }
         }
         if let Some(pr) = &self.projections {
             let _ = writeln!(

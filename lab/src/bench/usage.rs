@@ -55,7 +55,12 @@ impl Sampler {
                         let pids = match watched {
                             Watched::Pids(pids) => pids.clone(),
                             Watched::Sessions(_) | Watched::Database(_) => {
-                                if tick.is_multiple_of(10) || !lookups.contains_key(name) {
+                                // Every tick for the first second (a short run's sessions connect after the
+                                // sampler starts), then every 500 ms.
+                                if tick < 20
+                                    || tick.is_multiple_of(10)
+                                    || !lookups.contains_key(name)
+                                {
                                     lookups.insert(name.clone(), backends(&pool, watched).await);
                                 }
                                 lookups[name].clone()

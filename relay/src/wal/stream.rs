@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use async_nats::connection::State;
 use futures::FutureExt;
 use ops::error_chain;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
@@ -42,6 +43,9 @@ pub struct WalSource {
 const FENCES_KEPT: usize = 200_000;
 /// How often aggregates handed over to polling are drained and looked at again.
 const HANDOVER_EVERY: Duration = Duration::from_secs(5);
+/// Publishes of an aggregate's row in the stream before polling takes the aggregate over (while the
+/// broker is connected; while it is not, the stream waits for it).
+const IN_STREAM_ATTEMPTS: i32 = 2;
 /// How often the slot's lag is read into the metrics.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
@@ -163,7 +167,13 @@ impl Relay {
         let config =
             slot::replication_config(&source.database_url, &source.slot, &source.publication)?
                 .with_start_lsn(Lsn::from_u64(confirmed))
-                .with_status_interval(Duration::from_secs(1));
+                .with_status_interval(Duration::from_secs(1))
+                // Named like the relay's other sessions: operators and the bench find its walsender.
+                .with_application_name(format!(
+                    "{}{}",
+                    crate::run::APPLICATION_PREFIX,
+                    self.config().relay_id
+                ));
         let mut client = ReplicationClient::connect(config).await?;
         if let Err(error) = client.wait_started().await {
             return classify(self.pool(), &source.slot, error).await;
@@ -217,7 +227,16 @@ impl Relay {
                 break Ended::Stopped;
             }
         };
-        client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
+        // The client sends positions once per status interval and not when it stops: wait (a
+        // little longer than the interval, at most) until the last one has been sent, so that the
+        // next session does not replay what this one delivered.
+        let last = Lsn::from_u64(session.ledger.confirmable());
+        client.update_applied_lsn(last);
+        let metrics = client.metrics();
+        let deadline = Instant::now() + Duration::from_millis(1_500);
+        while metrics.last_applied_lsn() < last && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         if let Err(error) = client.shutdown().await {
             tracing::debug!(error = %error, "closing the replication session");
         }
@@ -363,6 +382,7 @@ impl Session<'_> {
             )
             .await;
             let before = summary.clone();
+            let mut diverged: HashSet<Uuid> = HashSet::new();
             let (mut ids, mut sequences) = (Vec::new(), Vec::new());
             let mut left: Vec<Vec<ClaimedRow>> = Vec::new();
             let now = chrono::Utc::now();
@@ -386,9 +406,22 @@ impl Session<'_> {
                             ids.push(row.id);
                             sequences.push(i64::try_from(sequence).unwrap_or(i64::MAX));
                         }
-                        Outcome::Failed { error, .. } if rest.is_empty() => {
+                        Outcome::Failed {
+                            error, divergence, ..
+                        } if rest.is_empty() => {
                             summary.failed += 1;
-                            tracing::warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, error, "publish failed; retrying");
+                            if let Some(divergence) = divergence {
+                                // The stream disagrees with the store about this aggregate: no retry
+                                // here will change that, and the other aggregates must not wait for
+                                // it. Polling records the divergence on the row, retries with backoff
+                                // and shows it to operators.
+                                summary.divergences += 1;
+                                metrics::record_divergence(divergence.kind);
+                                tracing::warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, error, "the stream disagrees with the store; polling delivers this aggregate for now");
+                                diverged.insert(row.aggregate_id);
+                            } else {
+                                tracing::warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, error, "publish failed; retrying");
+                            }
                             rest.push(row);
                         }
                         _ => rest.push(row),
@@ -422,22 +455,35 @@ impl Session<'_> {
                     }
                 }
             }
-            chains = left;
+            let (handed, kept): (Vec<_>, Vec<_>) = left
+                .into_iter()
+                .partition(|chain| diverged.contains(&chain[0].aggregate_id));
+            for chain in handed {
+                self.hand_over(chain, &tickets);
+            }
+            chains = kept;
             if chains.is_empty() || self.stopping.load(Ordering::Relaxed) {
                 // Stopping: what is left is not confirmed, and the next session reads it again.
                 break;
             }
+            // The broker is away: nothing can be published, so the batch waits for it (as polling
+            // relays stop claiming) rather than hand every aggregate over.
+            if self.relay.client().connection_state() != State::Connected {
+                while self.relay.client().connection_state() != State::Connected
+                    && !self.stopping.load(Ordering::Relaxed)
+                {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                continue;
+            }
+            // A failure of some aggregates with the broker there is theirs (a message the broker
+            // refuses, a timeout): one quick retry, then polling's retries with backoff and dead rows
+            // take them over, and the stream moves on.
             failures += 1;
-            if failures >= config.max_attempts {
+            if failures >= IN_STREAM_ATTEMPTS {
                 for chain in chains.drain(..) {
-                    let aggregate = chain[0].aggregate_id;
-                    tracing::warn!(%aggregate, rows = chain.len(), attempts = failures, "publishing keeps failing; polling delivers this aggregate for now");
-                    self.handed_over.insert(aggregate);
-                    for row in &chain {
-                        if let Some(ticket) = tickets.get(&row.id) {
-                            self.ledger.done(*ticket, 1);
-                        }
-                    }
+                    tracing::warn!(aggregate = %chain[0].aggregate_id, rows = chain.len(), attempts = failures, "publishing keeps failing; polling delivers this aggregate for now");
+                    self.hand_over(chain, &tickets);
                 }
                 break;
             }
@@ -445,6 +491,17 @@ impl Session<'_> {
         }
         summary.steps += 1;
         Ok(())
+    }
+
+    /// Leaves `chain`'s rows unsent in the outbox for polling to deliver, with every later row of
+    /// their aggregate, until [`Session::hand_back`] finds nothing of it unsent.
+    fn hand_over(&mut self, chain: Vec<ClaimedRow>, tickets: &HashMap<i64, Ticket>) {
+        self.handed_over.insert(chain[0].aggregate_id);
+        for row in &chain {
+            if let Some(ticket) = tickets.get(&row.id) {
+                self.ledger.done(*ticket, 1);
+            }
+        }
     }
 
     /// Drains the outbox by polling for the aggregates handed over, and takes back those with nothing
