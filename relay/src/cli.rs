@@ -73,8 +73,14 @@ pub async fn run_outbox(
             let status = admin::status(pool, args.with_sent)
                 .await
                 .context("reading the outbox status")?;
+            // A server without logical decoding has no slots; one that cannot say is not an error.
+            let slots = crate::wal::slot::database_slots(pool)
+                .await
+                .unwrap_or_default();
             if json_output {
-                println!("{}", serde_json::to_string(&status)?);
+                let mut document = serde_json::to_value(&status)?;
+                document["wal_slots"] = serde_json::to_value(&slots)?;
+                println!("{document}");
             } else {
                 println!("pending               {}", status.pending);
                 println!("failed                {}", status.failed);
@@ -108,6 +114,23 @@ pub async fn run_outbox(
                     println!(
                         "  the stream disagrees with the store: run `waybill outbox verify` (README, \"After a restore\")"
                     );
+                }
+                let keep: String = if slots.is_empty() {
+                    String::new()
+                } else {
+                    sqlx::query_scalar("SELECT current_setting('max_slot_wal_keep_size')")
+                        .fetch_one(pool)
+                        .await
+                        .unwrap_or_default()
+                };
+                for slot in &slots {
+                    let (verdict, detail) = crate::wal::slot::describe_slot(slot, &keep);
+                    let flag = match verdict {
+                        crate::wal::slot::Verdict::Ok => "",
+                        crate::wal::slot::Verdict::Warn => " (warning)",
+                        crate::wal::slot::Verdict::Missing => " (ALERT)",
+                    };
+                    println!("wal slot              {detail}{flag}");
                 }
             }
         }

@@ -100,6 +100,23 @@ async fn a_server_made_for_logical_decoding_passes_and_a_slot_reports_its_lag() 
     assert_eq!(slot, "ok", "{detail}");
     assert!(detail.contains("no reader"), "{detail}");
     assert!(!detail.contains(" 0.0 MB behind"), "{detail}");
+    // `status` shows the slot and its lag too, for scripts and for people.
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-relay"))
+        .args(["status", "--json", "--database-url", &url])
+        .output()
+        .await
+        .expect("status runs");
+    let status: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(status["wal_slots"][0]["name"], "waybill_outbox", "{status}");
+    assert_eq!(status["wal_slots"][0]["active"], false);
+    assert!(
+        status["wal_slots"][0]["lag_bytes"].as_i64() > Some(100_000),
+        "{status}"
+    );
+    assert_eq!(
+        status["pending"], 0,
+        "the outbox's own fields stay where they were"
+    );
 
     // Another plugin's slot under the name is not ours to read.
     sqlx::query("SELECT pg_create_logical_replication_slot('decoding', 'test_decoding')")

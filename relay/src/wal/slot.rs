@@ -102,6 +102,22 @@ pub struct SlotState {
     pub safe_wal_size: Option<i64>,
 }
 
+/// Every logical slot of this database (what `status` shows).
+pub async fn database_slots(pool: &PgPool) -> sqlx::Result<Vec<SlotState>> {
+    sqlx::query_as(
+        "SELECT slot_name::text AS name, plugin::text, database::text, active, active_pid,
+                wal_status,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 AS lag_bytes,
+                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 AS retained_bytes,
+                safe_wal_size
+         FROM pg_replication_slots
+         WHERE slot_type = 'logical' AND database = current_database()
+         ORDER BY slot_name",
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// Reads slot `name`, or `None` when there is none.
 pub async fn slot_state(pool: &PgPool, name: &str) -> sqlx::Result<Option<SlotState>> {
     sqlx::query_as(
@@ -348,8 +364,9 @@ pub async fn check(
     Ok(findings)
 }
 
-/// The slot's verdict: lost is fatal, unreserved or close to the limit a warning.
-fn describe_slot(state: &SlotState, keep: &str) -> (Verdict, String) {
+/// The slot's verdict and a line about it: lost is fatal, unreserved (past `keep`, the server's
+/// `max_slot_wal_keep_size`) a warning.
+pub fn describe_slot(state: &SlotState, keep: &str) -> (Verdict, String) {
     let mb =
         |bytes: Option<i64>| bytes.map_or("-".to_owned(), |b| format!("{:.1} MB", b as f64 / 1e6));
     let reader = match state.active_pid {
