@@ -350,3 +350,53 @@ async fn an_aggregate_the_stream_disagrees_with_goes_to_polling_and_the_others_f
     );
     sigkill(&mut relay);
 }
+
+#[tokio::test]
+async fn a_row_read_from_the_wal_before_its_commit_is_visible_is_still_marked_sent() {
+    let world = World::new().await;
+    let mut relay = world.relay("relay");
+    wait_until(Duration::from_secs(60), "the relay streams", || async {
+        world
+            .log("relay")
+            .contains("streaming the outbox from the WAL")
+    })
+    .await;
+    // A synchronous standby that never answers: a commit's WAL is flushed — and decoded, and so
+    // relayed — but the transaction stays invisible to other sessions until the setting goes.
+    // (The private server commits asynchronously: this writer asks for the wait.)
+    let pool = &world.pool;
+    let set = |statement: &'static str| async move {
+        sqlx::query(statement)
+            .execute(pool)
+            .await
+            .expect("ALTER SYSTEM");
+        sqlx::query("SELECT pg_reload_conf()")
+            .execute(pool)
+            .await
+            .expect("reload");
+    };
+    set("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").await;
+    let options: sqlx::postgres::PgConnectOptions = world.url.parse().expect("URL");
+    let waiting = EventStore::new(
+        PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(options.options([("synchronous_commit", "on")]))
+            .await
+            .expect("connects"),
+    );
+    let placing = tokio::spawn(async move {
+        testkit::place_order(&waiting, "alice", &["MUG:1:100"]).await;
+    });
+    wait_until(
+        Duration::from_secs(30),
+        "the event in the stream while its commit is invisible",
+        || async { world.stream_messages().await == 1 },
+    )
+    .await;
+    assert_eq!(world.events().await, 0, "the commit is not visible yet");
+    set("ALTER SYSTEM RESET synchronous_standby_names").await;
+    placing.await.expect("the order placed");
+    // Marked sent by the relay, not left pending with its position confirmed.
+    world.everything_delivered_once_in_order(&["relay"]).await;
+    sigkill(&mut relay);
+}

@@ -434,30 +434,55 @@ pub async fn rewind_after(
     .rows_affected())
 }
 
+/// What [`mark_delivered`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MarkedDelivered {
+    /// Rows marked sent.
+    pub marked: u64,
+    /// Rows the statement could not see, left unmarked: their transaction's commit is in the WAL
+    /// (which is how the WAL relay read them) but not yet visible to other sessions. PostgreSQL
+    /// flushes a commit record, which a walsender may decode at once, before it ends the transaction
+    /// for everyone else (and, under synchronous replication, only once a standby has confirmed it).
+    pub unseen: Vec<i64>,
+}
+
 /// Marks rows a relay reading the WAL delivered (`ids[i]` stored at stream sequence `seqs[i]`) as
 /// sent: one statement for a whole batch, by primary key, outside any claim — the WAL relay locks
 /// nothing before publishing. A row already sent is left as it is (a polling relay got there first);
 /// a row another relay has claimed is waited for, then marked (its publish was deduplicated). Returns
-/// the rows marked.
+/// the rows marked, and those not visible yet (see [`MarkedDelivered::unseen`]), which the caller
+/// must mark again: the statement's one snapshot decides both, so a row is in exactly one of "marked
+/// or already sent" and "unseen".
 pub async fn mark_delivered(
     pool: &PgPool,
     relay_id: &str,
     ids: &[i64],
     seqs: &[i64],
-) -> sqlx::Result<u64> {
-    sqlx::query(
-        "UPDATE outbox o
-         SET status = 'sent', sent_at = clock_timestamp(), stream_seq = u.seq, attempts = o.attempts + 1,
-             last_error = NULL, divergence = NULL, claimed_by = $3, claimed_at = clock_timestamp()
-         FROM UNNEST($1::int8[], $2::int8[]) AS u(id, seq)
-         WHERE o.id = u.id AND o.status <> 'sent'",
+) -> sqlx::Result<MarkedDelivered> {
+    let (marked, unseen): (i64, Vec<i64>) = sqlx::query_as(
+        "WITH delivered AS (SELECT * FROM UNNEST($1::int8[], $2::int8[]) AS u(id, seq)),
+         marked AS (
+             UPDATE outbox o
+             SET status = 'sent', sent_at = clock_timestamp(), stream_seq = u.seq,
+                 attempts = o.attempts + 1, last_error = NULL, divergence = NULL, claimed_by = $3,
+                 claimed_at = clock_timestamp()
+             FROM delivered u
+             WHERE o.id = u.id AND o.status <> 'sent'
+             RETURNING o.id
+         )
+         SELECT (SELECT count(*) FROM marked),
+                ARRAY(SELECT u.id FROM delivered u
+                      WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = u.id))",
     )
     .bind(ids)
     .bind(seqs)
     .bind(relay_id)
-    .execute(pool)
-    .await
-    .map(|done| done.rows_affected())
+    .fetch_one(pool)
+    .await?;
+    Ok(MarkedDelivered {
+        marked: u64::try_from(marked).unwrap_or_default(),
+        unseen,
+    })
 }
 
 /// Of `aggregates`, those with a row not yet sent (pending, failed or dead).
