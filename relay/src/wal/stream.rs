@@ -46,6 +46,11 @@ const HANDOVER_EVERY: Duration = Duration::from_secs(5);
 /// Publishes of an aggregate's row in the stream before polling takes the aggregate over (while the
 /// broker is connected; while it is not, the stream waits for it).
 const IN_STREAM_ATTEMPTS: i32 = 2;
+/// Marks of a delivered row its statement cannot see yet, and the pause after the first (growing by
+/// as much each time): together about half a second, far more than a commit normally takes to
+/// become visible after its WAL is flushed.
+const UNSEEN_MARKS: u32 = 10;
+const UNSEEN_PAUSE: Duration = Duration::from_millis(10);
 /// How often the slot's lag is read into the metrics.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
@@ -87,12 +92,21 @@ impl Relay {
         let mut failures = 0u32;
         let mut standby_since: Option<Instant> = None;
         while !stopping.load(Ordering::Relaxed) {
-            let pause = match self
-                .stream_session(source, &stopping, &stop, &mut summary)
-                .await
-            {
+            let mut streamed = false;
+            let ended = self
+                .stream_session(source, &stopping, &stop, &mut summary, &mut streamed)
+                .await;
+            if streamed {
+                // It read the slot: whatever ended it, the next one starts afresh.
+                failures = 0;
+                standby_since = None;
+            }
+            let pause = match ended {
                 Ok(Ended::Stopped) => break,
+                // A session that streamed and ended (the slot taken away, an error after a while) or
+                // that found the slot busy is not a failure in a row: back off from scratch.
                 Ok(Ended::SlotBusy(reason)) => {
+                    failures = 0;
                     if standby_since.is_none() {
                         tracing::info!(slot = %source.slot, %reason, "another relay reads the slot; standing by");
                     }
@@ -100,6 +114,8 @@ impl Relay {
                     Duration::from_secs(1)
                 }
                 Ok(Ended::SlotGone(reason)) => {
+                    failures = 0;
+                    standby_since = None;
                     tracing::warn!(slot = %source.slot, %reason, "the slot cannot be read; dropping it and starting again from the outbox");
                     if let Err(error) = slot::drop_slot(self.pool(), &source.slot).await {
                         tracing::warn!(error = %error_chain(&error), "dropping the slot failed");
@@ -134,6 +150,7 @@ impl Relay {
         stopping: &Arc<AtomicBool>,
         stop: &tokio::sync::Notify,
         summary: &mut RunSummary,
+        streamed: &mut bool,
     ) -> anyhow::Result<Ended> {
         match slot::slot_state(self.pool(), &source.slot).await? {
             Some(state) if state.active => {
@@ -179,6 +196,7 @@ impl Relay {
             return classify(self.pool(), &source.slot, error).await;
         }
         tracing::info!(slot = %source.slot, from = %Lsn::from_u64(confirmed), "streaming the outbox from the WAL");
+        *streamed = true;
         let mut session = Session {
             relay: self,
             ledger: Ledger::starting_at(confirmed),
@@ -383,7 +401,7 @@ impl Session<'_> {
             .await;
             let before = summary.clone();
             let mut diverged: HashSet<Uuid> = HashSet::new();
-            let (mut ids, mut sequences) = (Vec::new(), Vec::new());
+            let mut delivered = Vec::new();
             let mut left: Vec<Vec<ClaimedRow>> = Vec::new();
             let now = chrono::Utc::now();
             for (chain, outcomes) in chains.into_iter().zip(outcomes) {
@@ -403,8 +421,8 @@ impl Session<'_> {
                             metrics::record_ack(latency, commit_to_ack.max(latency));
                             self.fences
                                 .insert(row.aggregate_id, (row.aggregate_version, sequence));
-                            ids.push(row.id);
-                            sequences.push(i64::try_from(sequence).unwrap_or(i64::MAX));
+                            let sequence = i64::try_from(sequence).unwrap_or(i64::MAX);
+                            delivered.push((row.id, sequence, row.aggregate_id));
                         }
                         Outcome::Failed {
                             error, divergence, ..
@@ -440,20 +458,8 @@ impl Session<'_> {
             if self.fences.len() > FENCES_KEPT {
                 self.fences.clear();
             }
-            if !ids.is_empty() {
-                let marked = store::outbox::relaying::mark_delivered(
-                    self.relay.pool(),
-                    &config.relay_id,
-                    &ids,
-                    &sequences,
-                )
-                .await?;
-                summary.marked_sent += marked;
-                for id in &ids {
-                    if let Some(ticket) = tickets.get(id) {
-                        self.ledger.done(*ticket, 1);
-                    }
-                }
+            if !delivered.is_empty() {
+                self.mark(delivered, &tickets, summary).await?;
             }
             let (handed, kept): (Vec<_>, Vec<_>) = left
                 .into_iter()
@@ -490,6 +496,58 @@ impl Session<'_> {
             tokio::time::sleep(config.backoff.delay(failures, &mut rng)).await;
         }
         summary.steps += 1;
+        Ok(())
+    }
+
+    /// Marks the `delivered` rows (id, stream sequence, aggregate) sent and counts them done. A row can
+    /// reach the WAL, and so this relay, before its transaction is visible to other sessions:
+    /// PostgreSQL flushes the commit record, which the walsender decodes at once, before it ends the
+    /// transaction for everyone else. The mark cannot see such a row, and counting it done unmarked
+    /// would confirm its position with the row left pending for good; so it is marked again for a
+    /// moment. One still unseen after that (a synchronous standby that does not answer, or a row
+    /// purged meanwhile) goes to polling with its aggregate, as a failing one does: the next polling
+    /// pass marks it if it can see it by then, and the next session's drain if not.
+    async fn mark(
+        &mut self,
+        mut delivered: Vec<(i64, i64, Uuid)>,
+        tickets: &HashMap<i64, Ticket>,
+        summary: &mut RunSummary,
+    ) -> anyhow::Result<()> {
+        let relay = self.relay;
+        for round in 1..=UNSEEN_MARKS {
+            let (ids, sequences): (Vec<i64>, Vec<i64>) = delivered
+                .iter()
+                .map(|&(id, sequence, _)| (id, sequence))
+                .unzip();
+            let marked = store::outbox::relaying::mark_delivered(
+                relay.pool(),
+                &relay.config().relay_id,
+                &ids,
+                &sequences,
+            )
+            .await?;
+            summary.marked_sent += marked.marked;
+            let unseen: HashSet<i64> = marked.unseen.into_iter().collect();
+            delivered.retain(|(id, _, _)| {
+                let seen = !unseen.contains(id);
+                if let Some(ticket) = tickets.get(id).filter(|_| seen) {
+                    self.ledger.done(*ticket, 1);
+                }
+                !seen
+            });
+            if delivered.is_empty() || self.stopping.load(Ordering::Relaxed) {
+                // Stopping: a row left unmarked is not confirmed, and the next session reads it again.
+                return Ok(());
+            }
+            tokio::time::sleep(UNSEEN_PAUSE * round).await;
+        }
+        for (id, _, aggregate) in delivered {
+            tracing::warn!(outbox_id = id, %aggregate, "a delivered row's transaction is still not visible; polling marks it once it is");
+            self.handed_over.insert(aggregate);
+            if let Some(ticket) = tickets.get(&id) {
+                self.ledger.done(*ticket, 1);
+            }
+        }
         Ok(())
     }
 
