@@ -132,6 +132,17 @@ impl FaultKind {
 const RELAY_FROZEN: Duration = Duration::from_millis(
     CLAIM_TIMEOUT.as_millis() as u64 * 11 / 10 + 1_000 + DEDUPE_WINDOW.as_millis() as u64 + 2_000,
 );
+/// How long a frozen relay stays frozen when the relays read the WAL (`wal_sender_timeout` given):
+/// the frozen reader's replication session holds the slot until PostgreSQL ends it after that
+/// timeout, the standby takes the slot over within a second and replays what the reader had not
+/// confirmed — and the reader wakes past the dedupe window after that, so that what it still sends
+/// is stopped by the broker fence alone, as a frozen polling relay's is. (Frozen only
+/// [`RELAY_FROZEN`], it would wake as the standby takes over.)
+pub(super) fn relay_frozen(wal_sender_timeout: Option<Duration>) -> Duration {
+    wal_sender_timeout.map_or(RELAY_FROZEN, |timeout| {
+        RELAY_FROZEN.max(timeout + Duration::from_secs(1) + DEDUPE_WINDOW + Duration::from_secs(2))
+    })
+}
 /// How long a killed process or server stays down before it is started again.
 const PROCESS_DOWN: Duration = Duration::from_secs(1);
 const NATS_DOWN: Duration = Duration::from_secs(3);
@@ -237,6 +248,8 @@ pub(super) struct Context {
     pub subject_prefix: String,
     /// The run's clock.
     pub clock: Clock,
+    /// How long `relay_pause` freezes a relay ([`relay_frozen`]).
+    pub relay_frozen: Duration,
 }
 
 /// Carries out the schedule, each fault at its moment or [`SETTLE`] after the previous one was over,
@@ -293,15 +306,20 @@ async fn strike(
     };
     match kind {
         FaultKind::RelayKill => {
-            let relay = pick(fleet.names(Role::Relay).await, rng)?;
+            let picked = pick(fleet.names(Role::Relay).await, rng)?;
+            let (relay, what) = victim(&context.pool, picked).await;
             fleet.kill_and_restart(&relay, PROCESS_DOWN).await?;
-            Ok(format!("SIGKILL {relay}, restarted after {PROCESS_DOWN:?}"))
+            Ok(format!(
+                "SIGKILL {relay}{what}, restarted after {PROCESS_DOWN:?}"
+            ))
         }
         FaultKind::RelayPause => {
-            let relay = pick(fleet.names(Role::Relay).await, rng)?;
-            fleet.freeze(&relay, RELAY_FROZEN).await?;
+            let picked = pick(fleet.names(Role::Relay).await, rng)?;
+            let (relay, what) = victim(&context.pool, picked).await;
+            let frozen = context.relay_frozen;
+            fleet.freeze(&relay, frozen).await?;
             Ok(format!(
-                "SIGSTOP {relay} for {RELAY_FROZEN:?}, then SIGCONT"
+                "SIGSTOP {relay}{what} for {frozen:?}, then SIGCONT"
             ))
         }
         FaultKind::ProjectionKill => {
@@ -403,6 +421,26 @@ async fn step_down(jetstream: &jetstream::Context, stream: &str) -> anyhow::Resu
     ))
 }
 
+/// The relay a relay fault strikes: `picked`, unless the relays read the WAL — then the one reading
+/// the slot now (known by its replication session's name, `waybill-relay chaos-<relay>`), as the
+/// other only stands by and a fault there would test nothing. With what to say of it.
+async fn victim(pool: &PgPool, picked: String) -> (String, &'static str) {
+    let reader: Option<String> = sqlx::query_scalar(
+        "SELECT substr(application_name, length('waybill-relay chaos-') + 1) FROM pg_stat_activity
+         WHERE backend_type = 'walsender' AND datname = current_database()
+           AND application_name LIKE 'waybill-relay chaos-%'
+         LIMIT 1",
+    )
+    .fetch_optional(pool)
+    .await
+    .ok()
+    .flatten();
+    match reader {
+        Some(reader) => (reader, " (the slot's reader)"),
+        None => (picked, ""),
+    }
+}
+
 /// Waits (up to 3 s) for a moment when `projection` has a write transaction open — a batch being
 /// applied, seen from outside in `pg_stat_activity` — and says whether it found one.
 async fn mid_batch(pool: &PgPool, projection: &str) -> bool {
@@ -424,10 +462,13 @@ async fn mid_batch(pool: &PgPool, projection: &str) -> bool {
     false
 }
 
-/// Ends one to three random sessions of the relays and projections.
+/// Ends one to three random sessions of the relays and projections. When a relay reads the WAL, its
+/// replication session (a walsender named like the relay's other sessions) is one of them: among a
+/// few dozen sessions a random pick would seldom reach the one session the WAL relay cannot do
+/// without, and whose loss hands the slot to the standby.
 async fn terminate_sessions(pool: &PgPool, rng: &mut StdRng) -> anyhow::Result<String> {
-    let mut sessions: Vec<(i32, String)> = sqlx::query_as(
-        "SELECT pid, application_name FROM pg_stat_activity
+    let mut sessions: Vec<(i32, String, bool)> = sqlx::query_as(
+        "SELECT pid, application_name, backend_type = 'walsender' FROM pg_stat_activity
          WHERE datname = current_database() AND pid <> pg_backend_pid()
            AND (application_name LIKE 'waybill-relay %'
                 OR application_name IN ('waybill-inventory', 'waybill-points', 'waybill-search'))
@@ -440,8 +481,13 @@ async fn terminate_sessions(pool: &PgPool, rng: &mut StdRng) -> anyhow::Result<S
         "no relay or projection session is connected"
     );
     sessions.shuffle(rng);
-    sessions.truncate(rng.random_range(1..=3));
-    for (pid, _) in &sessions {
+    let walsender = sessions.iter().position(|(_, _, walsender)| *walsender);
+    let count = rng.random_range(1..=3).min(sessions.len());
+    if let Some(walsender) = walsender.filter(|&at| at >= count) {
+        sessions.swap(count - 1, walsender);
+    }
+    sessions.truncate(count);
+    for (pid, _, _) in &sessions {
         sqlx::query("SELECT pg_terminate_backend($1)")
             .bind(pid)
             .execute(pool)
@@ -451,7 +497,10 @@ async fn terminate_sessions(pool: &PgPool, rng: &mut StdRng) -> anyhow::Result<S
         "terminated {}",
         sessions
             .iter()
-            .map(|(pid, name)| format!("{name} (pid {pid})"))
+            .map(|(pid, name, walsender)| {
+                let what = if *walsender { ", its WAL session" } else { "" };
+                format!("{name} (pid {pid}{what})")
+            })
             .collect::<Vec<_>>()
             .join(", ")
     ))
@@ -481,6 +530,14 @@ mod tests {
             schedule(&FaultKind::ALL, Duration::from_secs(600), 1).len(),
             50
         );
+    }
+
+    #[test]
+    fn a_frozen_wal_reader_wakes_after_the_takeover_and_past_the_dedupe_window() {
+        assert_eq!(relay_frozen(None), RELAY_FROZEN);
+        let timeout = Duration::from_secs(10);
+        assert!(relay_frozen(Some(timeout)) >= timeout + Duration::from_secs(1) + DEDUPE_WINDOW);
+        assert!(relay_frozen(Some(Duration::from_secs(1))) >= RELAY_FROZEN);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio::process::Child;
 use tokio::sync::Mutex;
 
+use super::RelaySource;
 use super::servers::Servers;
 use crate::http::Http;
 use crate::process::{self, Launch, peak_rss_kib, strings};
@@ -141,13 +142,15 @@ pub(super) struct Fleet {
 
 impl Fleet {
     /// Creates the schema (`waybill migrate`), then starts every process and waits until each answers
-    /// its health check. `broken_checkpoint` starts the projections with their checkpoint check broken
-    /// on purpose (proving that the verdict catches it).
+    /// its health check. Both relays read by `relay_source`. `broken_checkpoint` starts the
+    /// projections with their checkpoint check broken on purpose (proving that the verdict catches
+    /// it).
     pub(super) async fn start(
         binaries: Binaries,
         servers: &Servers,
         stream: &str,
         subject_prefix: &str,
+        relay_source: RelaySource,
         broken_checkpoint: bool,
     ) -> anyhow::Result<Self> {
         let cluster = servers.nats_nodes > 1;
@@ -248,6 +251,10 @@ impl Fleet {
                     "200",
                     "--poll-interval",
                     "200ms",
+                    // With wal: one relay reads the slot, the other stands by; both poll-drain
+                    // before each session.
+                    "--source",
+                    relay_source.name(),
                 ]),
             )?;
         }

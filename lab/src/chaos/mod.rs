@@ -75,6 +75,15 @@ pub(crate) struct ChaosArgs {
     #[arg(long)]
     pub cluster: bool,
 
+    /// Where both relays read new outbox rows: poll (claimed from the table, the default) or wal
+    /// (`waybill-relay run --source wal`: one relay streams them from the `waybill_outbox`
+    /// replication slot, the other stands by to take the slot over). The verdict stays the same; with
+    /// wal, relay_kill and relay_pause strike the slot's reader (relay_pause freezes it past
+    /// wal_sender_timeout, so that the standby takes over first) and pg_terminate also ends its
+    /// replication session.
+    #[arg(long, value_enum, default_value_t = RelaySource::Poll)]
+    pub relay_source: RelaySource,
+
     /// Testing the harness: run the projections with their checkpoint check broken on purpose
     /// (they apply redeliveries again); the verdict must fail.
     #[arg(long, hide = true)]
@@ -88,6 +97,25 @@ pub(crate) enum Profile {
     Short,
     /// Ten minutes; thousands of orders.
     Long,
+}
+
+/// Where the relays read new outbox rows (`waybill-relay run --source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum RelaySource {
+    /// Claimed from the outbox table, by both relays side by side.
+    Poll,
+    /// Streamed from a logical replication slot: one reader, one standby.
+    Wal,
+}
+
+impl RelaySource {
+    /// Its name, as `waybill-relay run --source` and the report spell it.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Poll => "poll",
+            Self::Wal => "wal",
+        }
+    }
 }
 
 impl Profile {
@@ -157,8 +185,9 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
     )?;
 
     eprintln!(
-        "chaos: seed {seed}, {} of load at {rate} lifecycles/s, faults: {}",
+        "chaos: seed {seed}, {} of load at {rate} lifecycles/s, relays reading by {}, faults: {}",
         humantime::format_duration(duration),
+        args.relay_source.name(),
         kinds
             .iter()
             .map(|k| k.name())
@@ -171,12 +200,17 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
         "chaos: PostgreSQL {} and NATS {} ({} node(s)) started",
         servers.database_url, servers.nats_url, servers.nats_nodes
     );
+    let wal_sender_timeout = match args.relay_source {
+        RelaySource::Poll => None,
+        RelaySource::Wal => Some(servers.check_logical_decoding().await?),
+    };
     let fleet = Arc::new(
         fleet::Fleet::start(
             binaries,
             &servers,
             STREAM,
             SUBJECT_PREFIX,
+            args.relay_source,
             args.broken_checkpoint,
         )
         .await?,
@@ -185,6 +219,8 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
     let run = Run {
         seed,
         profile: args.profile,
+        relay_source: args.relay_source,
+        wal_sender_timeout,
         duration,
         rate,
         kinds,
@@ -215,6 +251,9 @@ pub(crate) async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
 struct Run {
     seed: u64,
     profile: Profile,
+    relay_source: RelaySource,
+    /// With the WAL source: how long a frozen slot reader holds the slot.
+    wal_sender_timeout: Option<Duration>,
     duration: Duration,
     rate: f64,
     kinds: Vec<FaultKind>,
@@ -231,6 +270,8 @@ async fn exercise(
     let Run {
         seed,
         profile,
+        relay_source,
+        wal_sender_timeout,
         duration,
         rate,
         ref kinds,
@@ -264,6 +305,7 @@ async fn exercise(
         jetstream: jetstream.clone(),
         subject_prefix: SUBJECT_PREFIX.to_owned(),
         clock: clock.clone(),
+        relay_frozen: faults::relay_frozen(wal_sender_timeout),
     };
     let injected = faults::inject(plan, &context, &mut rng).await;
     let played = load.finish().await;
@@ -292,6 +334,7 @@ async fn exercise(
     let report = report::Report::new(report::Inputs {
         seed,
         profile,
+        relay_source: relay_source.name(),
         duration,
         elapsed: started.elapsed(),
         verdict: &verdict,

@@ -19,6 +19,8 @@ use super::watch::{Drained, Samples};
 pub(super) struct Inputs<'a> {
     pub seed: u64,
     pub profile: Profile,
+    /// Where the relays read new outbox rows: `poll` or `wal`.
+    pub relay_source: &'a str,
     pub duration: Duration,
     pub elapsed: Duration,
     pub verdict: &'a Verdict,
@@ -110,6 +112,7 @@ impl Report {
         report["nats_nodes"] = json!(inputs.nats_nodes);
         report["partitions"] = json!(inputs.partitions);
         report["nats_server"] = json!(inputs.nats_server);
+        report["relay_source"] = json!(inputs.relay_source);
         Self(report)
     }
 
@@ -138,6 +141,10 @@ impl Report {
         line(
             "seed / profile",
             format!("{} / {}", r["seed"], r["profile"].as_str().unwrap_or("?")),
+        );
+        line(
+            "relays read by",
+            r["relay_source"].as_str().unwrap_or("?").to_owned(),
         );
         line(
             "load / whole run",

@@ -95,6 +95,41 @@ impl Servers {
             .context("connecting to the private PostgreSQL")
     }
 
+    /// Refuses the WAL source on a server that cannot decode its WAL, and otherwise returns its
+    /// `wal_sender_timeout` (how long a frozen reader holds the slot). The private servers run with
+    /// `wal_level = logical` (testkit), so this refuses only if that ever changes: better refused
+    /// here with the reason than two relays failing their replication sessions for the whole run.
+    pub(super) async fn check_logical_decoding(&self) -> anyhow::Result<Duration> {
+        use sqlx::Connection;
+        // The server's own database: the run's is made later, by `waybill migrate`.
+        let url = self
+            .postgres
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .url("postgres");
+        let mut connection = sqlx::PgConnection::connect(&url)
+            .await
+            .context("connecting to the private PostgreSQL")?;
+        let (wal_level, wal_sender_timeout_ms): (String, i64) = sqlx::query_as(
+            "SELECT current_setting('wal_level'),
+                    (SELECT setting::int8 FROM pg_settings WHERE name = 'wal_sender_timeout')",
+        )
+        .fetch_one(&mut connection)
+        .await
+        .context("reading wal_level and wal_sender_timeout")?;
+        connection.close().await?;
+        if wal_level != "logical" {
+            return Err(ops::Refused::new(format!(
+                "--relay-source wal needs wal_level = logical; the private PostgreSQL has \
+                 {wal_level}"
+            ))
+            .into());
+        }
+        Ok(Duration::from_millis(
+            u64::try_from(wal_sender_timeout_ms).unwrap_or_default(),
+        ))
+    }
+
     /// Crashes PostgreSQL (immediate-mode stop), waits `down`, and starts it again.
     pub(super) async fn restart_postgres(&self, down: Duration) -> anyhow::Result<()> {
         let server = self.postgres.clone();
