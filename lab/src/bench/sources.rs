@@ -396,12 +396,7 @@ impl Bench<'_> {
     ) -> anyhow::Result<f64> {
         let deadline = Instant::now() + Duration::from_secs(300);
         loop {
-            let (sent, last): (i64, Option<f64>) = sqlx::query_as(
-                "SELECT count(*), extract(epoch FROM max(sent_at))::float8 FROM outbox
-                 WHERE status = 'sent'",
-            )
-            .fetch_one(self.pool)
-            .await?;
+            let (sent, last) = fixtures::sent_so_far(self.pool).await?;
             if sent >= events {
                 return last.ok_or_else(|| anyhow::anyhow!("sent rows without a time"));
             }
@@ -452,12 +447,7 @@ impl Bench<'_> {
         }
         let events = i64::try_from(total)?;
         self.wait_sent(events, relay, logs, name).await?;
-        let (p50, p99): (Option<f64>, Option<f64>) = sqlx::query_as(
-            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)
-             FROM (SELECT extract(epoch FROM sent_at - created_at) * 1000 AS ms FROM outbox) s",
-        )
-        .fetch_one(self.pool)
-        .await?;
+        let (p50, p99) = fixtures::sent_ms_p50_p99(self.pool).await?;
         let tenth = |ms: Option<f64>| (ms.unwrap_or_default() * 10.0).round() / 10.0;
         Ok((tenth(p50), tenth(p99)))
     }

@@ -353,6 +353,29 @@ pub mod fixtures {
         .map(drop)
     }
 
+    /// Rows sent, and the time of the last mark (epoch seconds; `None` when none is sent).
+    pub async fn sent_so_far(pool: &PgPool) -> sqlx::Result<(i64, Option<f64>)> {
+        sqlx::query_as(
+            "SELECT count(*), extract(epoch FROM max(sent_at))::float8 FROM outbox
+             WHERE status = 'sent'",
+        )
+        .fetch_one(pool)
+        .await
+    }
+
+    /// The median and 99th percentile, in milliseconds, from each sent row's transaction start
+    /// (`created_at`) to its mark.
+    pub async fn sent_ms_p50_p99(pool: &PgPool) -> sqlx::Result<(Option<f64>, Option<f64>)> {
+        sqlx::query_as(
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),
+                    percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)
+             FROM (SELECT extract(epoch FROM sent_at - created_at) * 1000 AS ms FROM outbox
+                   WHERE status = 'sent') s",
+        )
+        .fetch_one(pool)
+        .await
+    }
+
     /// Percentiles (0–1) of the time, in milliseconds, from an event's commit to its row's mark, over
     /// the events after log position `since` whose rows are sent.
     pub async fn relayed_ms_percentiles(
