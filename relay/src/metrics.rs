@@ -122,12 +122,13 @@ pub fn describe() {
     );
 }
 
-/// The WAL relay's slot, as `pg_replication_slots` shows it.
-pub fn record_slot(state: &crate::wal::slot::SlotState) {
-    gauge!("waybill_relay_wal_lag_bytes").set(state.lag_bytes.unwrap_or(0) as f64);
-    gauge!("waybill_relay_wal_retained_bytes").set(state.retained_bytes.unwrap_or(0) as f64);
-    gauge!("waybill_relay_wal_slot_active").set(if state.active { 1.0 } else { 0.0 });
-    gauge!("waybill_relay_wal_slot_safe_bytes").set(state.safe_wal_size.unwrap_or(-1) as f64);
+/// The WAL relay's slot, as `pg_replication_slots` shows it: bytes behind, bytes retained, whether a
+/// session reads it, and bytes left before it risks invalidation (`None`: no limit).
+pub fn record_slot(lag_bytes: i64, retained_bytes: i64, active: bool, safe_bytes: Option<i64>) {
+    gauge!("waybill_relay_wal_lag_bytes").set(lag_bytes as f64);
+    gauge!("waybill_relay_wal_retained_bytes").set(retained_bytes as f64);
+    gauge!("waybill_relay_wal_slot_active").set(if active { 1.0 } else { 0.0 });
+    gauge!("waybill_relay_wal_slot_safe_bytes").set(safe_bytes.unwrap_or(-1) as f64);
 }
 
 /// What one WAL batch did at the broker.

@@ -592,7 +592,12 @@ async fn watch_lag(pool: sqlx::PgPool, slot: String) {
         every.tick().await;
         match slot::slot_state(&pool, &slot).await {
             Ok(Some(state)) => {
-                metrics::record_slot(&state);
+                metrics::record_slot(
+                    state.lag_bytes.unwrap_or(0),
+                    state.retained_bytes.unwrap_or(0),
+                    state.active,
+                    state.safe_wal_size,
+                );
                 match state.wal_status.as_deref() {
                     Some("unreserved") => {
                         tracing::warn!(%slot, retained_bytes = state.retained_bytes, "the slot is past max_slot_wal_keep_size and about to be invalidated")
