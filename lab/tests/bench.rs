@@ -52,6 +52,33 @@ fn the_bench_measures_every_part_and_reports_every_key() {
         .sum();
     let total = cpu["total"].as_f64().expect("relay.cpu_us.total");
     assert!(total > 0.0 && (total - parts).abs() < 1e-6, "cpu_us: {cpu}");
+    // Both relay sources, on one server with logical decoding: a backlog rate, CPU per event made of
+    // its parts, and commit-to-mark percentiles.
+    for source in ["poll", "wal"] {
+        let figures = &report["sources"][source];
+        assert!(
+            figures["events_per_s"].as_f64().is_some_and(|r| r > 0.0),
+            "sources.{source}: {report}"
+        );
+        let cpu = &figures["cpu_us"];
+        let parts: f64 = ["relay", "postgres", "nats"]
+            .iter()
+            .map(|k| cpu[k].as_f64().expect("a CPU share"))
+            .sum();
+        let total = cpu["total"].as_f64().expect("cpu_us.total");
+        assert!(
+            total > 0.0 && (total - parts).abs() < 1e-6,
+            "sources.{source}.cpu_us: {cpu}"
+        );
+        let (p50, p99) = (
+            figures["ack_p50_ms"].as_f64().expect("ack_p50_ms"),
+            figures["ack_p99_ms"].as_f64().expect("ack_p99_ms"),
+        );
+        assert!(
+            p50 > 0.0 && p99 >= p50,
+            "sources.{source}: p50 {p50}, p99 {p99}"
+        );
+    }
     for key in ["inventory", "points", "search"] {
         let rate = report["projections"][key].as_f64();
         assert!(rate.is_some_and(|r| r > 0.0), "projections.{key}: {report}");
@@ -130,7 +157,7 @@ fn the_bench_measures_every_part_and_reports_every_key() {
     }
     // Every target is judged from this run's figures, met or not.
     let targets = report["targets"].as_array().expect("targets");
-    assert_eq!(targets.len(), 16, "{targets:?}");
+    assert_eq!(targets.len(), 19, "{targets:?}");
     let all_met = targets.iter().all(|t| t["met"] == true);
     assert_eq!(report["all_targets_met"], all_met);
 
