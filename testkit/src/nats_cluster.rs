@@ -210,11 +210,18 @@ mod tests {
                 Err(error) => panic!("R3 stream: {error:?}"),
             }
         }
-        js.publish("r3.a", "1".into())
-            .await
-            .expect("publish")
-            .await
-            .expect("ack");
+        // A node may not know the stream for a moment after it was placed (seen in CI on a loaded
+        // machine: StreamNotFound on the first publish): retry within the same few seconds.
+        loop {
+            match js.publish("r3.a", "1".into()).await.expect("publish").await {
+                Ok(_) => break,
+                Err(error) if std::time::Instant::now() < deadline => {
+                    eprintln!("first publish to R3 not acknowledged yet ({error}); retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+                Err(error) => panic!("first publish to R3: {error:?}"),
+            }
+        }
 
         // Kill a node: the stream keeps taking writes on the other two.
         cluster.kill(0);
