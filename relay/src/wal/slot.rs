@@ -102,32 +102,30 @@ pub struct SlotState {
     pub safe_wal_size: Option<i64>,
 }
 
+/// A slot's row of `pg_replication_slots` as [`SlotState`] reads it, with its lag; callers add the
+/// condition.
+const SLOT_STATE: &str = "SELECT slot_name::text AS name, plugin::text, database::text, active,
+        active_pid, wal_status,
+        pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 AS lag_bytes,
+        pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 AS retained_bytes,
+        safe_wal_size
+    FROM pg_replication_slots";
+
 /// Every logical slot of this database (what `status` shows).
 pub async fn database_slots(pool: &PgPool) -> sqlx::Result<Vec<SlotState>> {
     sqlx::query_as(
-        "SELECT slot_name::text AS name, plugin::text, database::text, active, active_pid,
-                wal_status,
-                pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 AS lag_bytes,
-                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 AS retained_bytes,
-                safe_wal_size
-         FROM pg_replication_slots
-         WHERE slot_type = 'logical' AND database = current_database()
-         ORDER BY slot_name",
-    )
+        sqlx::AssertSqlSafe(format!(
+        "{SLOT_STATE} WHERE slot_type = 'logical' AND database = current_database() ORDER BY slot_name"
+    )))
     .fetch_all(pool)
     .await
 }
 
 /// Reads slot `name`, or `None` when there is none.
 pub async fn slot_state(pool: &PgPool, name: &str) -> sqlx::Result<Option<SlotState>> {
-    sqlx::query_as(
-        "SELECT slot_name::text AS name, plugin::text, database::text, active, active_pid,
-                wal_status,
-                pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 AS lag_bytes,
-                pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 AS retained_bytes,
-                safe_wal_size
-         FROM pg_replication_slots WHERE slot_name = $1",
-    )
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{SLOT_STATE} WHERE slot_name = $1"
+    )))
     .bind(name)
     .fetch_optional(pool)
     .await
