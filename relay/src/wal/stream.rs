@@ -1,8 +1,8 @@
 //! `run --source wal`: the relay reads new outbox rows from a logical replication slot instead of
 //! claiming them, publishes them exactly as a claim's rows are published (the event id as
 //! `Nats-Msg-Id`, each aggregate's versions chained behind their predecessor's PubAck and fenced with
-//! `Nats-Expected-Last-Subject-Sequence`), marks them sent in one statement per batch, and only then
-//! confirms their WAL position to PostgreSQL.
+//! `Nats-Expected-Last-Subject-Sequence`), marks them sent in one statement per batch — while the next
+//! batch is published, one mark at a time — and only then confirms their WAL position to PostgreSQL.
 //!
 //! What the slot does not carry is the polling machinery's: before every session starts streaming,
 //! one polling drain delivers whatever the outbox holds unsent (rows committed before the slot
@@ -20,6 +20,7 @@ use async_nats::connection::State;
 use futures::FutureExt;
 use ops::error_chain;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use super::ledger::{Ledger, Ticket};
@@ -207,12 +208,19 @@ impl Relay {
             handed_over: HashSet::new(),
             open: Vec::new(),
             batch: Vec::new(),
+            marking: None,
             stopping: stopping.clone(),
         };
         let mut last_handover = Instant::now();
         let ended = loop {
             let event = tokio::select! {
                 event = client.recv() => event,
+                marked = session.marked() => {
+                    // Nothing new arrived before the last mark ended: confirm what it completed.
+                    session.settle(marked?);
+                    client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
+                    continue;
+                }
                 _ = stop.notified() => break Ended::Stopped,
             };
             let event = match event {
@@ -241,12 +249,17 @@ impl Relay {
             client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
             if !session.handed_over.is_empty() && last_handover.elapsed() >= HANDOVER_EVERY {
                 last_handover = Instant::now();
+                session.finish_mark(summary).await?;
                 session.hand_back(summary).await?;
             }
             if stopping.load(Ordering::Relaxed) {
                 break Ended::Stopped;
             }
         };
+        // What the last mark completes is confirmed too (a failed mark confirms nothing).
+        if let Err(error) = session.finish_mark(summary).await {
+            tracing::warn!(error = %error_chain(error.as_ref()), "the last mark failed; its rows are read again");
+        }
         // The client sends positions once per status interval and not when it stops: wait (a
         // little longer than the interval, at most) until the last one has been sent, so that the
         // next session does not replay what this one delivered.
@@ -310,7 +323,29 @@ struct Session<'a> {
     open: Vec<ClaimedRow>,
     /// Committed transactions read and not yet delivered.
     batch: Vec<(Ticket, Vec<ClaimedRow>)>,
+    /// The mark of the last delivered rows, running while the next batch is published.
+    marking: Option<JoinHandle<anyhow::Result<Marked>>>,
     stopping: Arc<AtomicBool>,
+}
+
+/// A row in the stream waiting for its mark.
+#[derive(Debug, Clone, Copy)]
+struct Delivered {
+    id: i64,
+    sequence: i64,
+    aggregate: Uuid,
+    ticket: Ticket,
+}
+
+/// What a mark did.
+#[derive(Debug, Default)]
+struct Marked {
+    /// Rows marked sent (not counting those already sent).
+    marked: u64,
+    /// Rows marked or found sent: done.
+    seen: Vec<Ticket>,
+    /// Rows still not visible after every try.
+    unseen: Vec<Delivered>,
 }
 
 impl Session<'_> {
@@ -423,8 +458,14 @@ impl Session<'_> {
                             metrics::record_ack(latency, commit_to_ack.max(latency));
                             self.fences
                                 .insert(row.aggregate_id, (row.aggregate_version, sequence));
-                            let sequence = i64::try_from(sequence).unwrap_or(i64::MAX);
-                            delivered.push((row.id, sequence, row.aggregate_id));
+                            if let Some(&ticket) = tickets.get(&row.id) {
+                                delivered.push(Delivered {
+                                    id: row.id,
+                                    sequence: i64::try_from(sequence).unwrap_or(i64::MAX),
+                                    aggregate: row.aggregate_id,
+                                    ticket,
+                                });
+                            }
                         }
                         Outcome::Failed {
                             error, divergence, ..
@@ -461,7 +502,7 @@ impl Session<'_> {
                 self.fences.clear();
             }
             if !delivered.is_empty() {
-                self.mark(delivered, &tickets, summary).await?;
+                self.mark(delivered, summary).await?;
             }
             let (handed, kept): (Vec<_>, Vec<_>) = left
                 .into_iter()
@@ -501,56 +542,55 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Marks the `delivered` rows (id, stream sequence, aggregate) sent and counts them done. A row can
-    /// reach the WAL, and so this relay, before its transaction is visible to other sessions:
-    /// PostgreSQL flushes the commit record, which the walsender decodes at once, before it ends the
-    /// transaction for everyone else. The mark cannot see such a row, and counting it done unmarked
-    /// would confirm its position with the row left pending for good; so it is marked again for a
-    /// moment. One still unseen after that (a synchronous standby that does not answer, or a row
-    /// purged meanwhile) goes to polling with its aggregate, as a failing one does: the next polling
-    /// pass marks it if it can see it by then, and the next session's drain if not.
+    /// Starts marking the `delivered` rows sent, once the mark before has ended: the batch after
+    /// them is published meanwhile, and their positions are confirmed when [`Session::settle`] counts
+    /// them done.
     async fn mark(
         &mut self,
-        mut delivered: Vec<(i64, i64, Uuid)>,
-        tickets: &HashMap<i64, Ticket>,
+        delivered: Vec<Delivered>,
         summary: &mut RunSummary,
     ) -> anyhow::Result<()> {
+        self.finish_mark(summary).await?;
         let relay = self.relay;
-        for round in 1..=UNSEEN_MARKS {
-            let (ids, sequences): (Vec<i64>, Vec<i64>) = delivered
-                .iter()
-                .map(|&(id, sequence, _)| (id, sequence))
-                .unzip();
-            let marked = store::outbox::relaying::mark_delivered(
-                relay.pool(),
-                &relay.config().relay_id,
-                &ids,
-                &sequences,
-            )
-            .await?;
+        self.marking = Some(tokio::spawn(mark_visible(
+            relay.pool().clone(),
+            relay.config().relay_id.clone(),
+            delivered,
+            self.stopping.clone(),
+        )));
+        Ok(())
+    }
+
+    /// The running mark's outcome, when it ends; never, when none runs.
+    async fn marked(&mut self) -> anyhow::Result<Marked> {
+        let Some(task) = self.marking.as_mut() else {
+            return std::future::pending().await;
+        };
+        let outcome = task.await;
+        self.marking = None;
+        outcome?
+    }
+
+    /// Waits for the running mark, if any, and counts what it did.
+    async fn finish_mark(&mut self, summary: &mut RunSummary) -> anyhow::Result<()> {
+        if self.marking.is_some() {
+            let marked = self.marked().await?;
             summary.marked_sent += marked.marked;
-            let unseen: HashSet<i64> = marked.unseen.into_iter().collect();
-            delivered.retain(|(id, _, _)| {
-                let seen = !unseen.contains(id);
-                if let Some(ticket) = tickets.get(id).filter(|_| seen) {
-                    self.ledger.done(*ticket, 1);
-                }
-                !seen
-            });
-            if delivered.is_empty() || self.stopping.load(Ordering::Relaxed) {
-                // Stopping: a row left unmarked is not confirmed, and the next session reads it again.
-                return Ok(());
-            }
-            tokio::time::sleep(UNSEEN_PAUSE * 2u32.pow(round - 1)).await;
-        }
-        for (id, _, aggregate) in delivered {
-            tracing::warn!(outbox_id = id, %aggregate, "a delivered row's transaction is still not visible; polling marks it once it is");
-            self.handed_over.insert(aggregate);
-            if let Some(ticket) = tickets.get(&id) {
-                self.ledger.done(*ticket, 1);
-            }
+            self.settle(marked);
         }
         Ok(())
+    }
+
+    /// Counts a mark's rows done; one its statement never saw goes to polling with its aggregate.
+    fn settle(&mut self, marked: Marked) {
+        for ticket in marked.seen {
+            self.ledger.done(ticket, 1);
+        }
+        for row in marked.unseen {
+            tracing::warn!(outbox_id = row.id, aggregate = %row.aggregate, "a delivered row's transaction is still not visible; polling marks it once it is");
+            self.handed_over.insert(row.aggregate);
+            self.ledger.done(row.ticket, 1);
+        }
     }
 
     /// Leaves `chain`'s rows unsent in the outbox for polling to deliver, with every later row of
@@ -583,6 +623,45 @@ impl Session<'_> {
         }
         Ok(())
     }
+}
+
+/// Marks `delivered` rows sent, by id. A row can reach the WAL, and so this relay, before its
+/// transaction is visible to other sessions: PostgreSQL flushes the commit record, which the
+/// walsender decodes at once, before it ends the transaction for everyone else. The mark cannot see
+/// such a row, and counting it done unmarked would confirm its position with the row left pending for
+/// good; so it is marked again for a moment. One still unseen after that (a synchronous standby that
+/// does not answer, or a row purged meanwhile) is returned, and goes to polling with its aggregate as
+/// a failing one does: the next polling pass marks it if it can see it by then, and the next
+/// session's drain if not. Stopping ends the tries: a row left unmarked is not confirmed, and the
+/// next session reads it again.
+async fn mark_visible(
+    pool: sqlx::PgPool,
+    relay_id: String,
+    mut delivered: Vec<Delivered>,
+    stopping: Arc<AtomicBool>,
+) -> anyhow::Result<Marked> {
+    let mut outcome = Marked::default();
+    for round in 1..=UNSEEN_MARKS {
+        let (ids, sequences): (Vec<i64>, Vec<i64>) =
+            delivered.iter().map(|row| (row.id, row.sequence)).unzip();
+        let marked =
+            store::outbox::relaying::mark_delivered(&pool, &relay_id, &ids, &sequences).await?;
+        outcome.marked += marked.marked;
+        let unseen: HashSet<i64> = marked.unseen.into_iter().collect();
+        delivered.retain(|row| {
+            let seen = !unseen.contains(&row.id);
+            if seen {
+                outcome.seen.push(row.ticket);
+            }
+            !seen
+        });
+        if delivered.is_empty() || stopping.load(Ordering::Relaxed) {
+            return Ok(outcome);
+        }
+        tokio::time::sleep(UNSEEN_PAUSE * 2u32.pow(round - 1)).await;
+    }
+    outcome.unseen = delivered;
+    Ok(outcome)
 }
 
 /// Reads the slot's lag into the metrics every few seconds, and warns while it risks invalidation.
