@@ -53,7 +53,8 @@ fn the_bench_measures_every_part_and_reports_every_key() {
     let total = cpu["total"].as_f64().expect("relay.cpu_us.total");
     assert!(total > 0.0 && (total - parts).abs() < 1e-6, "cpu_us: {cpu}");
     // Both relay sources, on one server with logical decoding: a backlog rate, CPU per event made of
-    // its parts, and commit-to-mark percentiles.
+    // its parts (the WAL sender's decoding a part of PostgreSQL's, and only the WAL relay's), and
+    // percentiles from commit to PubAck (the stream's time) and to the mark.
     for source in ["poll", "wal"] {
         let figures = &report["sources"][source];
         assert!(
@@ -78,6 +79,23 @@ fn the_bench_measures_every_part_and_reports_every_key() {
             p50 > 0.0 && p99 >= p50,
             "sources.{source}: p50 {p50}, p99 {p99}"
         );
+        let (mark_p50, mark_p99) = (
+            figures["mark_p50_ms"].as_f64().expect("mark_p50_ms"),
+            figures["mark_p99_ms"].as_f64().expect("mark_p99_ms"),
+        );
+        assert!(
+            mark_p50 > 0.0 && mark_p99 >= mark_p50,
+            "sources.{source}: to the mark p50 {mark_p50}, p99 {mark_p99}"
+        );
+        let walsender = figures["walsender_us"].as_f64().expect("walsender_us");
+        let postgres = cpu["postgres"].as_f64().expect("cpu_us.postgres");
+        match source {
+            "wal" => assert!(
+                walsender > 0.0 && walsender <= postgres,
+                "sources.wal: WAL sender {walsender} of PostgreSQL {postgres}"
+            ),
+            _ => assert!(walsender == 0.0, "sources.poll: WAL sender {walsender}"),
+        }
     }
     for key in ["inventory", "points", "search"] {
         let rate = report["projections"][key].as_f64();

@@ -380,17 +380,20 @@ impl Report {
                 let c = &f.cpu_us;
                 let _ = writeln!(
                     out,
-                    "  {name:<5} {:>8.0} events/s (rounds {})   CPU {:.1} µs = relay {:.1} + PostgreSQL {:.1} + nats-server {:.1} (rounds {})   commit to PubAck p50 {:.1} ms, p99 {:.1} ms (rounds {})",
+                    "  {name:<5} {:>8.0} events/s (rounds {})   CPU {:.1} µs = relay {:.1} + PostgreSQL {:.1} (WAL sender {:.1}) + nats-server {:.1} (rounds {})   commit to PubAck p50 {:.1} ms, p99 {:.1} ms (rounds {}); to the mark p50 {:.1}, p99 {:.1} ms",
                     f.events_per_s,
                     spread(&f.runs.events_per_s),
                     c.total,
                     c.relay,
                     c.postgres,
+                    f.walsender_us,
                     c.nats,
                     spread(&f.runs.cpu_us_total),
                     f.ack_p50_ms,
                     f.ack_p99_ms,
-                    spread(&f.runs.ack_p99_ms)
+                    spread(&f.runs.ack_p99_ms),
+                    f.mark_p50_ms,
+                    f.mark_p99_ms
                 );
             }
         }

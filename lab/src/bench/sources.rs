@@ -6,16 +6,23 @@
 //! A polling relay's backlog is a pre-filled outbox (`run --once`). A WAL relay's is a slot it has
 //! not read yet: the relay streams, is frozen (SIGSTOP) while the rows are written, and resumed; its
 //! rate counts from the resume to the last row marked sent. Its CPU counts from before the rows were
-//! written: the WAL sender decodes them as they are written.
+//! written: the WAL sender decodes them as they are written (its share is reported on its own).
+//!
+//! Latency is measured for both sources the same way, from the event's transaction (`created_at`;
+//! each steady event is a one-row transaction) to the time the stream stored it (the message's
+//! timestamp, set by nats-server just before its PubAck), and also to the row's mark.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
+
+use futures::StreamExt;
 
 use rustix::process::Signal;
 use serde::Serialize;
 use sqlx::PgPool;
 use store::outbox::fixtures;
 use testkit::PostgresServer;
-use testkit::stats::median;
+use testkit::stats::{median, quantile};
 use tokio::process::Child;
 
 use super::relay::{CpuPerEvent, Table, seed};
@@ -39,9 +46,14 @@ pub(super) struct SourceFigures {
     pub events_per_s: f64,
     /// CPU per relayed event while draining.
     pub cpu_us: CpuPerEvent,
-    /// From commit to marked sent at 1,000 events/s, ms.
+    /// Of `cpu_us.postgres`, the WAL sender's decoding (0 for polling).
+    pub walsender_us: f64,
+    /// From commit to stored in the stream (PubAck) at 1,000 events/s, ms.
     pub ack_p50_ms: f64,
     pub ack_p99_ms: f64,
+    /// From commit to the row marked sent, ms.
+    pub mark_p50_ms: f64,
+    pub mark_p99_ms: f64,
     /// Every round's figures.
     pub runs: SourceRuns,
 }
@@ -53,6 +65,7 @@ pub(super) struct SourceRuns {
     pub cpu_us_total: Vec<f64>,
     pub ack_p50_ms: Vec<f64>,
     pub ack_p99_ms: Vec<f64>,
+    pub mark_p99_ms: Vec<f64>,
 }
 
 /// Both sources, measured on the same server in the same run.
@@ -114,17 +127,19 @@ pub(super) async fn measure(
         let polled = bench.round(Source::Poll, events, steady).await?;
         let streamed = bench.round(Source::Wal, events, steady).await?;
         progress.say(&format!(
-            "sources round {round}/{}: poll {:.0} events/s, {:.1} µs/event, commit to ack p50 \
-             {:.1} / p99 {:.1} ms; wal {:.0} events/s, {:.1} µs/event, p50 {:.1} / p99 {:.1} ms",
+            "sources round {round}/{}: poll {:.0} events/s, {:.1} µs/event, commit to PubAck p50 \
+             {:.1} / p99 {:.1} ms; wal {:.0} events/s, {:.1} µs/event (WAL sender {:.1}), p50 \
+             {:.1} / p99 {:.1} ms",
             profile.rounds,
             polled.rate,
             polled.cpu.total,
-            polled.p50,
-            polled.p99,
+            polled.ack.0,
+            polled.ack.1,
             streamed.rate,
             streamed.cpu.total,
-            streamed.p50,
-            streamed.p99
+            streamed.walsender,
+            streamed.ack.0,
+            streamed.ack.1
         ));
         poll.push(polled);
         wal.push(streamed);
@@ -153,8 +168,9 @@ fn figures(rounds: &[Round]) -> SourceFigures {
     let runs = SourceRuns {
         events_per_s: of(|r| r.rate),
         cpu_us_total: of(|r| r.cpu.total),
-        ack_p50_ms: of(|r| r.p50),
-        ack_p99_ms: of(|r| r.p99),
+        ack_p50_ms: of(|r| r.ack.0),
+        ack_p99_ms: of(|r| r.ack.1),
+        mark_p99_ms: of(|r| r.mark.1),
     };
     SourceFigures {
         events_per_s: median(runs.events_per_s.clone()),
@@ -164,8 +180,11 @@ fn figures(rounds: &[Round]) -> SourceFigures {
             postgres: median(of(|r| r.cpu.postgres)),
             nats: median(of(|r| r.cpu.nats)),
         },
+        walsender_us: median(of(|r| r.walsender)),
         ack_p50_ms: median(runs.ack_p50_ms.clone()),
         ack_p99_ms: median(runs.ack_p99_ms.clone()),
+        mark_p50_ms: median(of(|r| r.mark.0)),
+        mark_p99_ms: median(runs.mark_p99_ms.clone()),
         runs,
     }
 }
@@ -180,8 +199,12 @@ enum Source {
 struct Round {
     rate: f64,
     cpu: CpuPerEvent,
-    p50: f64,
-    p99: f64,
+    /// CPU µs per event of the WAL sender (part of `cpu.postgres`).
+    walsender: f64,
+    /// Commit to PubAck, p50 and p99 ms.
+    ack: (f64, f64),
+    /// Commit to mark, p50 and p99 ms.
+    mark: (f64, f64),
 }
 
 struct Bench<'a> {
@@ -309,6 +332,10 @@ impl Bench<'_> {
                         Watched::Sessions(format!("waybill-relay {name}")),
                     ),
                     ("nats".into(), Watched::Pids(nats.clone())),
+                    (
+                        "walsender".into(),
+                        Watched::WalSenders(format!("waybill-relay {name}")),
+                    ),
                 ],
             )
         };
@@ -357,6 +384,7 @@ impl Bench<'_> {
             |part: &str| usage.get(part).map_or(0.0, |u| u.cpu_seconds) * 1e6 / events as f64;
         let (relay_us, postgres_us, nats_us) =
             (per_event("relay"), per_event("postgres"), per_event("nats"));
+        let walsender = per_event("walsender");
         let cpu = CpuPerEvent {
             total: relay_us + postgres_us + nats_us,
             relay: relay_us,
@@ -370,7 +398,7 @@ impl Bench<'_> {
         if source == Source::Wal {
             self.streaming(&mut relay, logs.path(), name).await?;
         }
-        let (p50, p99) = self.steady(steady, &mut relay, logs.path(), name).await?;
+        let (ack, mark) = self.steady(steady, &mut relay, logs.path(), name).await?;
         if std::env::var_os("XX_LOG").is_some() {
             eprintln!(
                 "{}",
@@ -381,8 +409,9 @@ impl Bench<'_> {
         Ok(Round {
             rate,
             cpu,
-            p50,
-            p99,
+            walsender,
+            ack,
+            mark,
         })
     }
 
@@ -417,14 +446,14 @@ impl Bench<'_> {
 
     /// Writes one event per transaction at [`STEADY_RATE`] for `duration`, each followed by the
     /// notification writers send (as the order service does, at most one per 5 ms), waits until all
-    /// are sent, and returns the commit-to-sent p50 and p99, ms.
+    /// are sent, and returns the p50 and p99 (ms) of commit to PubAck and of commit to mark.
     async fn steady(
         &self,
         duration: Duration,
         relay: &mut Child,
         logs: &std::path::Path,
         name: &str,
-    ) -> anyhow::Result<(f64, f64)> {
+    ) -> anyhow::Result<((f64, f64), (f64, f64))> {
         let notifier = store::OutboxNotifier::spawn(self.pool.clone(), Duration::from_millis(5));
         let total = STEADY_RATE * duration.as_secs();
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / STEADY_RATE as f64));
@@ -449,7 +478,61 @@ impl Bench<'_> {
         self.wait_sent(events, relay, logs, name).await?;
         let (p50, p99) = fixtures::sent_ms_p50_p99(self.pool).await?;
         let tenth = |ms: Option<f64>| (ms.unwrap_or_default() * 10.0).round() / 10.0;
-        Ok((tenth(p50), tenth(p99)))
+        let mark = (tenth(p50), tenth(p99));
+        let mut acks = self.commit_to_stored_us().await?;
+        anyhow::ensure!(
+            u64::try_from(acks.len())? == total,
+            "{} of {total} events found in the stream",
+            acks.len()
+        );
+        acks.sort_unstable();
+        let at = |q: f64| tenth(Some(quantile(&acks, q) as f64 / 1000.0));
+        Ok(((at(0.5), at(0.99)), mark))
+    }
+
+    /// For every message in the stream, µs from its event's transaction start to the time the stream
+    /// stored it (read through an ephemeral consumer that acknowledges nothing).
+    async fn commit_to_stored_us(&self) -> anyhow::Result<Vec<u64>> {
+        let created: HashMap<String, i128> = fixtures::created_at_by_event(self.pool)
+            .await?
+            .into_iter()
+            .map(|(event_id, at)| (event_id.to_string(), at))
+            .collect();
+        let mut stream = self.js.get_stream(STREAM).await?;
+        let last = stream.info().await?.state.last_sequence;
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::Config {
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+                inactive_threshold: Duration::from_secs(60),
+                ..Default::default()
+            })
+            .await?;
+        let mut messages = consumer.messages().await?;
+        let mut us = Vec::new();
+        let mut sequence = 0;
+        while sequence < last {
+            let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
+                .await
+                .map_err(|_| anyhow::anyhow!("the stream stopped at {sequence} of {last}"))?
+                .ok_or_else(|| anyhow::anyhow!("the stream ended at {sequence} of {last}"))?
+                .map_err(|e| anyhow::anyhow!("reading the stream: {e}"))?;
+            let info = message
+                .info()
+                .map_err(|e| anyhow::anyhow!("a message without delivery info: {e}"))?;
+            sequence = info.stream_sequence;
+            let stored = info.published.unix_timestamp_nanos();
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default();
+            if let Some(&at) = created.get(&id) {
+                // Both clocks are this machine's; a negative gap (clock granularity) counts as 0.
+                us.push(u64::try_from((stored - at) / 1_000).unwrap_or(0));
+            }
+        }
+        Ok(us)
     }
 }
 

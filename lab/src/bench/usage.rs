@@ -30,6 +30,9 @@ pub(super) enum Watched {
     Sessions(String),
     /// The PostgreSQL backends connected to this database (looked up every 500 ms).
     Database(String),
+    /// The WAL senders whose `application_name` starts with this: the logical decoding part of
+    /// [`Watched::Sessions`].
+    WalSenders(String),
 }
 
 /// A running sampler; [`Sampler::finish`] stops it and returns the usage per name.
@@ -54,7 +57,9 @@ impl Sampler {
                     for (name, watched) in &watched {
                         let pids = match watched {
                             Watched::Pids(pids) => pids.clone(),
-                            Watched::Sessions(_) | Watched::Database(_) => {
+                            Watched::Sessions(_)
+                            | Watched::Database(_)
+                            | Watched::WalSenders(_) => {
                                 // Every tick for the first second (a short run's sessions connect after the
                                 // sampler starts), then every 500 ms.
                                 if tick < 20
@@ -115,6 +120,11 @@ async fn backends(pool: &PgPool, watched: &Watched) -> Vec<u32> {
     let query = match watched {
         Watched::Sessions(prefix) => sqlx::query_scalar::<_, i32>(
             "SELECT pid FROM pg_stat_activity WHERE starts_with(application_name, $1)",
+        )
+        .bind(prefix.clone()),
+        Watched::WalSenders(prefix) => sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity
+             WHERE starts_with(application_name, $1) AND backend_type = 'walsender'",
         )
         .bind(prefix.clone()),
         Watched::Database(name) => {
