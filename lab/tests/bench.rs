@@ -90,8 +90,9 @@ fn the_bench_measures_every_part_and_reports_every_key() {
         let walsender = figures["walsender_us"].as_f64().expect("walsender_us");
         let postgres = cpu["postgres"].as_f64().expect("cpu_us.postgres");
         match source {
+            // /proc counts CPU in 10 ms ticks: a small backlog's decoding may read as none.
             "wal" => assert!(
-                walsender > 0.0 && walsender <= postgres,
+                (0.0..=postgres).contains(&walsender),
                 "sources.wal: WAL sender {walsender} of PostgreSQL {postgres}"
             ),
             _ => assert!(walsender == 0.0, "sources.poll: WAL sender {walsender}"),
