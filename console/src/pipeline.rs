@@ -46,6 +46,10 @@ pub(crate) struct RelayView {
     pub last_sent_at: Option<DateTime<Utc>>,
     /// The relays' own counters, scraped from their /metrics (`--relay-metrics`).
     pub metrics: RelayMetricsView,
+    /// This database's logical replication slots (a WAL relay's, `run --source wal`): reader, lag
+    /// in bytes and seconds, WAL retained, whether it risks invalidation. Empty when there are none
+    /// or the server cannot say.
+    pub wal_slots: Vec<relay::wal::slot::SlotState>,
 }
 
 /// One projection: its tables, its consumer, and how far behind it is.
@@ -275,10 +279,14 @@ async fn read_relay(pool: &PgPool) -> RelayView {
         .await
         .ok()
         .flatten();
+    let wal_slots = relay::wal::slot::database_slots(pool)
+        .await
+        .unwrap_or_default();
     RelayView {
         connected,
         last_sent_at,
         metrics: RelayMetricsView::default(),
+        wal_slots,
     }
 }
 

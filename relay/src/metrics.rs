@@ -107,6 +107,11 @@ pub fn describe() {
         "With --source wal: WAL written since the position the relay last confirmed to its slot."
     );
     describe_gauge!(
+        "waybill_relay_wal_lag_seconds",
+        Unit::Seconds,
+        "With --source wal: from writing WAL to the relay confirming it, as PostgreSQL last measured it (pg_stat_replication.replay_lag; 0 while it has nothing to measure: no reader, or caught up and quiet)."
+    );
+    describe_gauge!(
         "waybill_relay_wal_retained_bytes",
         Unit::Bytes,
         "With --source wal: WAL PostgreSQL keeps on disk for the slot. Alert long before the disk or max_slot_wal_keep_size."
@@ -122,10 +127,18 @@ pub fn describe() {
     );
 }
 
-/// The WAL relay's slot, as `pg_replication_slots` shows it: bytes behind, bytes retained, whether a
-/// session reads it, and bytes left before it risks invalidation (`None`: no limit).
-pub fn record_slot(lag_bytes: i64, retained_bytes: i64, active: bool, safe_bytes: Option<i64>) {
+/// The WAL relay's slot, as `pg_replication_slots` shows it: bytes and seconds behind, bytes
+/// retained, whether a session reads it, and bytes left before it risks invalidation (`None`: no
+/// limit).
+pub fn record_slot(
+    lag_bytes: i64,
+    lag_seconds: Option<f64>,
+    retained_bytes: i64,
+    active: bool,
+    safe_bytes: Option<i64>,
+) {
     gauge!("waybill_relay_wal_lag_bytes").set(lag_bytes as f64);
+    gauge!("waybill_relay_wal_lag_seconds").set(lag_seconds.unwrap_or(0.0));
     gauge!("waybill_relay_wal_retained_bytes").set(retained_bytes as f64);
     gauge!("waybill_relay_wal_slot_active").set(if active { 1.0 } else { 0.0 });
     gauge!("waybill_relay_wal_slot_safe_bytes").set(safe_bytes.unwrap_or(-1) as f64);

@@ -82,7 +82,7 @@ fn render(overview: &Overview) -> Markup {
             (commands(&f))
             (events(&f))
             (outbox(&f))
-            (relays::stage(&f, &s.relay.metrics, s.outbox.as_ref()))
+            (relays::stage(&f, &s.relay, s.outbox.as_ref()))
             (stream(&f, &s.stream.name))
             (projections(&f, s))
         }

@@ -1,19 +1,21 @@
 //! The overview's relay stage: what the database knows of the relays (sessions connected, the last
 //! row sent, unsettled publishes, rows whose stream disagrees with the store — each named with both
-//! event ids) and the counters only the relays keep — duplicate
-//! PubAcks and fenced publishes, scraped from each relay's /metrics. One template, so that what else
-//! the console learns about the relays gets a place of its own here.
+//! event ids), a WAL relay's replication slot (reader, lag in bytes and seconds, WAL retained), and
+//! the counters only the relays keep — duplicate PubAcks and fenced publishes, scraped from each
+//! relay's /metrics. One template, so that what else the console learns about the relays gets a
+//! place of its own here.
 
 use maud::{Markup, html};
 
 use super::fields::{Fields, Format};
 use super::stage as card;
+use crate::pipeline::RelayView;
 use crate::relays::RelayMetricsView;
 
 /// The relay stage of the pipeline.
 pub(super) fn stage(
     f: &Fields,
-    metrics: &RelayMetricsView,
+    relay: &RelayView,
     outbox: Option<&relay::admin::OutboxStatus>,
 ) -> Markup {
     card(
@@ -28,7 +30,8 @@ pub(super) fn stage(
                 (f.row("diverged from the stream", "snapshot.outbox.diverged", Format::Count))
             }
             (f.when("snapshot.outbox.diverged", divergences(outbox)))
-            (counters(f, metrics))
+            (slots(f, &relay.wal_slots))
+            (counters(f, &relay.metrics))
             p.muted.small {
                 "Publish rate is measured at the stream (new messages per second; copies the broker \
                  refused are not counted)."
@@ -68,6 +71,47 @@ fn divergences(outbox: Option<&relay::admin::OutboxStatus>) -> Markup {
                                 @if let Some(sequence) = row.divergence.stream_sequence { " at " (sequence) }
                             }
                             td { (row.divergence.kind.as_str()) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The database's logical replication slots — a WAL relay reads one (`run --source wal`) — with
+/// their reader and lag; nothing when there are none (polling relays only). A slot nobody reads
+/// keeps WAL on the database's disk, and one that is `unreserved` is about to be invalidated: both
+/// are said in words, not left to the numbers.
+fn slots(f: &Fields, slots: &[relay::wal::slot::SlotState]) -> Markup {
+    const BASE: &str = "snapshot.relay.wal_slots";
+    if slots.is_empty() {
+        return html! {};
+    }
+    html! {
+        table.small data-testid="wal-slots" {
+            thead { tr { th { "WAL slot" } th { "reader" } th { "behind" } th { "lag" } th { "retained" } th { "state" } } }
+            tbody {
+                @for (i, slot) in slots.iter().enumerate() {
+                    @let at = format!("{BASE}.{i}");
+                    tr data-testid={ "wal-slot-" (i) } {
+                        td { code { (slot.name) } }
+                        td {
+                            (f.when(&format!("{at}.active"), html! { "pid " (f.field(&format!("{at}.active_pid"), Format::Count)) }))
+                            (f.unless(&format!("{at}.active"), html! {
+                                span.error { strong { "none" } ": WAL is kept until a relay reads the slot again" }
+                            }))
+                        }
+                        td { (f.field(&format!("{at}.lag_bytes"), Format::Bytes)) }
+                        td { (f.field(&format!("{at}.lag_seconds"), Format::Age)) }
+                        td { (f.field(&format!("{at}.retained_bytes"), Format::Bytes)) }
+                        td {
+                            (f.field(&format!("{at}.wal_status"), Format::Text))
+                            @match slot.wal_status.as_deref() {
+                                Some("unreserved") => span.error { " — past max_slot_wal_keep_size, about to be invalidated" },
+                                Some("lost") => span.error { " — invalidated: drop it; polling relays deliver meanwhile" },
+                                _ => {},
+                            }
                         }
                     }
                 }
@@ -169,7 +213,14 @@ mod tests {
             ..OutboxStatus::default()
         };
         let fields = Fields::of(&serde_json::json!({"snapshot": {"outbox": &outbox}}));
-        let page = stage(&fields, &RelayMetricsView::default(), Some(&outbox)).into_string();
+        let relay = RelayView {
+            connected: Some(1),
+            last_sent_at: None,
+            metrics: RelayMetricsView::default(),
+            wal_slots: Vec::new(),
+        };
+        let page = stage(&fields, &relay, Some(&outbox)).into_string();
+        assert!(!page.contains("wal-slots"), "no slot, no table: {page}");
         assert!(page.contains(&store_event.to_string()), "{page}");
         assert!(
             page.contains(&format!("/console/orders/{aggregate}")),
@@ -187,5 +238,40 @@ mod tests {
             page.contains("<div data-when=\"snapshot.outbox.diverged\"><div class=\"error\""),
             "shown (not hidden) while any row diverges: {page}"
         );
+    }
+
+    #[test]
+    fn a_wal_slot_is_shown_with_its_lag_and_a_slot_at_risk_says_so() {
+        let slot = relay::wal::slot::SlotState {
+            name: "waybill_outbox".into(),
+            plugin: Some("pgoutput".into()),
+            database: Some("shop".into()),
+            active: false,
+            active_pid: None,
+            wal_status: Some("unreserved".into()),
+            lag_bytes: Some(3 * 1024 * 1024),
+            lag_seconds: None,
+            retained_bytes: Some(5 * 1024 * 1024),
+            safe_wal_size: Some(0),
+        };
+        let relay = RelayView {
+            connected: Some(0),
+            last_sent_at: None,
+            metrics: RelayMetricsView::default(),
+            wal_slots: vec![slot],
+        };
+        let fields = Fields::of(&serde_json::json!({"snapshot": {"relay": &relay}}));
+        let page = stage(&fields, &relay, None).into_string();
+        assert!(page.contains("data-testid=\"wal-slot-0\""), "{page}");
+        assert!(page.contains("waybill_outbox"), "{page}");
+        assert!(
+            page.contains("3.0 MiB") && page.contains("5.0 MiB"),
+            "{page}"
+        );
+        assert!(
+            page.contains("WAL is kept until a relay reads the slot again"),
+            "no reader is said in words: {page}"
+        );
+        assert!(page.contains("about to be invalidated"), "{page}");
     }
 }

@@ -95,6 +95,10 @@ pub struct SlotState {
     pub wal_status: Option<String>,
     /// WAL written since the position the reader confirmed, bytes.
     pub lag_bytes: Option<i64>,
+    /// Seconds from writing WAL to its reader confirming it, as PostgreSQL last measured it for the
+    /// reading session (`pg_stat_replication.replay_lag`); `None` without a reader, once the reader
+    /// has caught up and the outbox is quiet, or for a role that may not see other sessions' stats.
+    pub lag_seconds: Option<f64>,
     /// WAL the slot keeps on disk, bytes.
     pub retained_bytes: Option<i64>,
     /// Bytes that may still be written before the slot risks being invalidated; `None` without a
@@ -107,9 +111,11 @@ pub struct SlotState {
 const SLOT_STATE: &str = "SELECT slot_name::text AS name, plugin::text, database::text, active,
         active_pid, wal_status,
         pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 AS lag_bytes,
+        (SELECT extract(epoch FROM r.replay_lag)::float8 FROM pg_stat_replication r
+         WHERE r.pid = s.active_pid) AS lag_seconds,
         pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 AS retained_bytes,
         safe_wal_size
-    FROM pg_replication_slots";
+    FROM pg_replication_slots s";
 
 /// Every logical slot of this database (what `status` shows).
 pub async fn database_slots(pool: &PgPool) -> sqlx::Result<Vec<SlotState>> {
@@ -371,8 +377,11 @@ pub fn describe_slot(state: &SlotState, keep: &str) -> (Verdict, String) {
         Some(pid) if state.active => format!("read by pid {pid}"),
         _ => "no reader".to_owned(),
     };
+    let seconds = state
+        .lag_seconds
+        .map_or(String::new(), |s| format!(" ({s:.1} s)"));
     let detail = format!(
-        "{}: {}, {reader}, {} behind, {} retained, wal_status {}, plugin {}",
+        "{}: {}, {reader}, {}{seconds} behind, {} retained, wal_status {}, plugin {}",
         state.name,
         state.database.as_deref().unwrap_or("no database"),
         mb(state.lag_bytes),
@@ -453,6 +462,7 @@ mod tests {
             active_pid: None,
             wal_status: Some(wal_status.into()),
             lag_bytes: Some(2_000_000),
+            lag_seconds: None,
             retained_bytes: Some(3_000_000),
             safe_wal_size: None,
         };

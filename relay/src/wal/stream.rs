@@ -673,6 +673,7 @@ async fn watch_lag(pool: sqlx::PgPool, slot: String) {
             Ok(Some(state)) => {
                 metrics::record_slot(
                     state.lag_bytes.unwrap_or(0),
+                    state.lag_seconds,
                     state.retained_bytes.unwrap_or(0),
                     state.active,
                     state.safe_wal_size,
