@@ -61,6 +61,9 @@ pub fn render(document: &Value, path: &Path) -> Result<String, XtaskError> {
             if met { "met" } else { "**missed**" }
         );
     }
+    if let Some(sources) = document.get("sources").filter(|s| s.is_object()) {
+        table.push_str(&sources_table(sources));
+    }
     let rounds = document["sizes"]["rounds"].as_u64().unwrap_or(0);
     let _ = writeln!(
         table,
@@ -71,6 +74,34 @@ pub fn render(document: &Value, path: &Path) -> Result<String, XtaskError> {
         document["date"].as_str().unwrap_or("?"),
     );
     Ok(table)
+}
+
+/// The relay's two sources side by side: each one's backlog rate, CPU per event and latencies.
+fn sources_table(sources: &Value) -> String {
+    let mut table = String::from(
+        "\n| relay source | events/s | CPU µs/event = relay + PostgreSQL (WAL sender) + nats-server \
+         | commit → PubAck p50 / p99 ms | commit → mark p50 / p99 ms |\n|---|---:|---:|---:|---:|\n",
+    );
+    for name in ["poll", "wal"] {
+        let f = &sources[name];
+        let number = |key: &str| f[key].as_f64().unwrap_or(f64::NAN);
+        let cpu = |key: &str| f["cpu_us"][key].as_f64().unwrap_or(f64::NAN);
+        let _ = writeln!(
+            table,
+            "| `{name}` | {} | {:.1} = {:.1} + {:.1} ({:.1}) + {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |",
+            figure(number("events_per_s")),
+            cpu("total"),
+            cpu("relay"),
+            cpu("postgres"),
+            number("walsender_us"),
+            cpu("nats"),
+            number("ack_p50_ms"),
+            number("ack_p99_ms"),
+            number("mark_p50_ms"),
+            number("mark_p99_ms"),
+        );
+    }
+    table
 }
 
 /// `readme` with the text between its markers replaced by `table`.
@@ -171,7 +202,34 @@ mod tests {
         assert!(table.contains("| `e2e.p99_ms` | 35.00 |  | 30.00 | **missed** |"));
         assert!(table.contains("| `projections.search` | 46,785 |  | 10,000 | met |"));
         assert!(table.contains("quick profile, medians of 3 rounds, release build, 2 cores"));
+        assert!(
+            !table.contains("relay source"),
+            "no sources table without the part"
+        );
         assert!(render(&json!({}), Path::new("x.json")).is_err());
+    }
+
+    #[test]
+    fn the_sources_part_is_a_second_table() {
+        let source = |rate: f64, walsender: f64| {
+            json!({"events_per_s": rate,
+                   "cpu_us": {"total": 31.2, "relay": 5.2, "postgres": 16.2, "nats": 9.8},
+                   "walsender_us": walsender, "ack_p50_ms": 0.8, "ack_p99_ms": 3.6,
+                   "mark_p50_ms": 1.8, "mark_p99_ms": 6.0})
+        };
+        let document = json!({
+            "profile": "quick", "build": "release", "date": "2026-12-06T06:00:00Z",
+            "machine": {"cores": 2}, "sizes": {"rounds": 3}, "targets": [],
+            "sources": {"poll": source(49494.0, 0.0), "wal": source(50665.0, 7.6)},
+        });
+        let table = render(&document, Path::new("bench.json")).expect("a bench document");
+        assert!(
+            table.contains(
+                "| `wal` | 50,665 | 31.2 = 5.2 + 16.2 (7.6) + 9.8 | 0.8 / 3.6 | 1.8 / 6.0 |"
+            ),
+            "{table}"
+        );
+        assert!(table.contains("| `poll` | 49,494 |"), "{table}");
     }
 
     #[test]
