@@ -215,3 +215,64 @@ async fn run_with_the_wal_source_refuses_what_it_cannot_do_before_connecting() {
         "the password is not printed: {stderr}"
     );
 }
+
+/// A slot nobody reads is reported before `max_slot_wal_keep_size` lets PostgreSQL invalidate it,
+/// not only once it is past it: the check warns (exit 0) with the WAL left.
+#[tokio::test]
+async fn a_slot_near_max_slot_wal_keep_size_is_warned_about_before_it_is_lost() {
+    let server = PostgresServer::start().expect("private PostgreSQL");
+    let (url, pool) = migrated(&server).await;
+    for statement in [
+        "ALTER SYSTEM SET max_slot_wal_keep_size = '100MB'",
+        "SELECT pg_reload_conf()",
+    ] {
+        sqlx::query(statement)
+            .execute(&pool)
+            .await
+            .expect("configured");
+    }
+    sqlx::query("SELECT pg_create_logical_replication_slot('waybill_outbox', 'pgoutput')")
+        .execute(&pool)
+        .await
+        .expect("slot");
+    let (slot, detail) = {
+        let found = findings(&wal_check(&url, &[]).await);
+        let (slot, detail) = verdict(&found, "slot");
+        (slot.to_owned(), detail.to_owned())
+    };
+    assert_eq!(slot, "ok", "a fresh slot has all of it left: {detail}");
+    // About 80 MB of WAL while nobody reads the slot: five segments, each ended by a switch.
+    sqlx::query("CREATE TABLE filler (g int)")
+        .execute(&pool)
+        .await
+        .expect("table");
+    for _ in 0..5 {
+        sqlx::query("INSERT INTO filler SELECT generate_series(1, 10)")
+            .execute(&pool)
+            .await
+            .expect("WAL written");
+        sqlx::query("SELECT pg_switch_wal()")
+            .execute(&pool)
+            .await
+            .expect("segment switched");
+    }
+    let run = wal_check(&url, &[]).await;
+    assert_eq!(run.code, 0, "a warning, not a failure: {}", run.stdout);
+    let found = findings(&run);
+    let (slot, detail) = verdict(&found, "slot");
+    assert_eq!(slot, "warn", "{detail}");
+    assert!(
+        detail.contains("of WAL left before max_slot_wal_keep_size"),
+        "{detail}"
+    );
+    let wal_status: String = sqlx::query_scalar(
+        "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'waybill_outbox'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("slot state");
+    assert_eq!(
+        wal_status, "reserved",
+        "warned before PostgreSQL gave up on it"
+    );
+}

@@ -110,7 +110,11 @@ fn slots(f: &Fields, slots: &[relay::wal::slot::SlotState]) -> Markup {
                             @match slot.wal_status.as_deref() {
                                 Some("unreserved") => span.error { " — past max_slot_wal_keep_size, about to be invalidated" },
                                 Some("lost") => span.error { " — invalidated: drop it; polling relays deliver meanwhile" },
-                                _ => {},
+                                _ => {
+                                    @if slot.near_invalidation().is_some() {
+                                        span.error { " — near max_slot_wal_keep_size: start its reader or drop it" }
+                                    }
+                                },
                             }
                         }
                     }
@@ -253,6 +257,7 @@ mod tests {
             lag_seconds: None,
             retained_bytes: Some(5 * 1024 * 1024),
             safe_wal_size: Some(0),
+            keep_bytes: Some(64 * 1024 * 1024),
         };
         let relay = RelayView {
             connected: Some(0),

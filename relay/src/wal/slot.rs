@@ -104,6 +104,22 @@ pub struct SlotState {
     /// Bytes that may still be written before the slot risks being invalidated; `None` without a
     /// `max_slot_wal_keep_size`.
     pub safe_wal_size: Option<i64>,
+    /// The server's `max_slot_wal_keep_size` in bytes; `None` when it is unlimited (-1).
+    pub keep_bytes: Option<i64>,
+}
+
+/// The share of `max_slot_wal_keep_size` left below which a slot is reported as close to
+/// invalidation: early enough to restart a reader or drop the slot before PostgreSQL invalidates it.
+pub const NEAR_INVALIDATION: f64 = 0.5;
+
+impl SlotState {
+    /// WAL that may still be written before PostgreSQL may invalidate the slot, when that is less
+    /// than [`NEAR_INVALIDATION`] of `max_slot_wal_keep_size` and the slot is not past it yet.
+    pub fn near_invalidation(&self) -> Option<i64> {
+        let (safe, keep) = (self.safe_wal_size?, self.keep_bytes?);
+        let reserved = matches!(self.wal_status.as_deref(), Some("reserved" | "extended"));
+        (reserved && (safe as f64) < keep as f64 * NEAR_INVALIDATION).then_some(safe)
+    }
 }
 
 /// A slot's row of `pg_replication_slots` as [`SlotState`] reads it, with its lag; callers add the
@@ -114,7 +130,8 @@ const SLOT_STATE: &str = "SELECT slot_name::text AS name, plugin::text, database
         (SELECT extract(epoch FROM r.replay_lag)::float8 FROM pg_stat_replication r
          WHERE r.pid = s.active_pid) AS lag_seconds,
         pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 AS retained_bytes,
-        safe_wal_size
+        safe_wal_size,
+        NULLIF(pg_size_bytes(current_setting('max_slot_wal_keep_size')), -1) AS keep_bytes
     FROM pg_replication_slots s";
 
 /// Every logical slot of this database (what `status` shows).
@@ -369,7 +386,7 @@ pub async fn check(
 }
 
 /// The slot's verdict and a line about it: lost is fatal, unreserved (past `keep`, the server's
-/// `max_slot_wal_keep_size`) a warning.
+/// `max_slot_wal_keep_size`) a warning, and so is a slot with less than half of it left.
 pub fn describe_slot(state: &SlotState, keep: &str) -> (Verdict, String) {
     let mb =
         |bytes: Option<i64>| bytes.map_or("-".to_owned(), |b| format!("{:.1} MB", b as f64 / 1e6));
@@ -403,6 +420,14 @@ pub fn describe_slot(state: &SlotState, keep: &str) -> (Verdict, String) {
         _ if state.plugin.as_deref() != Some("pgoutput") => (
             Verdict::Missing,
             format!("{detail}: not a pgoutput slot; drop it or name another with --slot"),
+        ),
+        _ if state.near_invalidation().is_some() => (
+            Verdict::Warn,
+            format!(
+                "{detail}: {} of WAL left before max_slot_wal_keep_size ({keep}) lets PostgreSQL invalidate it; \
+                 start its reader or drop the slot",
+                mb(state.safe_wal_size)
+            ),
         ),
         _ => (Verdict::Ok, detail),
     }
@@ -465,6 +490,7 @@ mod tests {
             lag_seconds: None,
             retained_bytes: Some(3_000_000),
             safe_wal_size: None,
+            keep_bytes: None,
         };
         assert_eq!(
             describe_slot(&state("reserved", "pgoutput"), "-1").0,
@@ -478,6 +504,18 @@ mod tests {
             describe_slot(&state("lost", "pgoutput"), "1GB").0,
             Verdict::Missing
         );
+        // Less than half of max_slot_wal_keep_size left: warned before PostgreSQL acts.
+        let limited = |safe: i64| SlotState {
+            safe_wal_size: Some(safe),
+            keep_bytes: Some(1_000_000_000),
+            ..state("reserved", "pgoutput")
+        };
+        let (verdict, detail) = describe_slot(&limited(200_000_000), "1GB");
+        assert_eq!(verdict, Verdict::Warn, "{detail}");
+        assert!(detail.contains("200.0 MB of WAL left"), "{detail}");
+        assert_eq!(describe_slot(&limited(600_000_000), "1GB").0, Verdict::Ok);
+        assert_eq!(limited(200_000_000).near_invalidation(), Some(200_000_000));
+        assert_eq!(state("reserved", "pgoutput").near_invalidation(), None);
         assert_eq!(
             describe_slot(&state("reserved", "test_decoding"), "-1").0,
             Verdict::Missing

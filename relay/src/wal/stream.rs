@@ -678,6 +678,9 @@ async fn watch_lag(pool: sqlx::PgPool, slot: String) {
                     state.active,
                     state.safe_wal_size,
                 );
+                if let Some(left) = state.near_invalidation() {
+                    tracing::warn!(%slot, wal_left_bytes = left, max_slot_wal_keep_bytes = state.keep_bytes, lag_bytes = state.lag_bytes, "the slot is near max_slot_wal_keep_size: PostgreSQL invalidates it once that much more WAL is written");
+                }
                 match state.wal_status.as_deref() {
                     Some("unreserved") => {
                         tracing::warn!(%slot, retained_bytes = state.retained_bytes, "the slot is past max_slot_wal_keep_size and about to be invalidated")
