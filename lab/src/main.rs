@@ -8,6 +8,7 @@ mod demo;
 mod http;
 mod load;
 mod process;
+mod stream_read;
 
 use std::process::ExitCode;
 

@@ -15,8 +15,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-
 use rustix::process::Signal;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -493,45 +491,21 @@ impl Bench<'_> {
     /// For every message in the stream, µs from its event's transaction start to the time the stream
     /// stored it (read through an ephemeral consumer that acknowledges nothing).
     async fn commit_to_stored_us(&self) -> anyhow::Result<Vec<u64>> {
-        let created: HashMap<String, i128> = fixtures::created_at_by_event(self.pool)
+        let created: HashMap<String, i64> = fixtures::created_at_by_event(self.pool)
             .await?
             .into_iter()
             .map(|(event_id, at)| (event_id.to_string(), at))
             .collect();
-        let mut stream = self.js.get_stream(STREAM).await?;
-        let last = stream.info().await?.state.last_sequence;
-        let consumer = stream
-            .create_consumer(async_nats::jetstream::consumer::pull::Config {
-                ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
-                inactive_threshold: Duration::from_secs(60),
-                ..Default::default()
-            })
-            .await?;
-        let mut messages = consumer.messages().await?;
         let mut us = Vec::new();
-        let mut sequence = 0;
-        while sequence < last {
-            let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
-                .await
-                .map_err(|_| anyhow::anyhow!("the stream stopped at {sequence} of {last}"))?
-                .ok_or_else(|| anyhow::anyhow!("the stream ended at {sequence} of {last}"))?
-                .map_err(|e| anyhow::anyhow!("reading the stream: {e}"))?;
-            let info = message
-                .info()
-                .map_err(|e| anyhow::anyhow!("a message without delivery info: {e}"))?;
-            sequence = info.stream_sequence;
-            let stored = info.published.unix_timestamp_nanos();
-            let id = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("Nats-Msg-Id"))
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_default();
-            if let Some(&at) = created.get(&id) {
+        crate::stream_read::each_message(self.js, STREAM, |message, info| {
+            let id = message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id"));
+            if let Some(&at) = id.and_then(|id| created.get(id.as_str())) {
+                let stored = info.published.unix_timestamp_nanos() / 1_000;
                 // Both clocks are this machine's; a negative gap (clock granularity) counts as 0.
-                us.push(u64::try_from((stored - at) / 1_000).unwrap_or(0));
+                us.push(u64::try_from(stored - i128::from(at)).unwrap_or(0));
             }
-        }
+        })
+        .await?;
         Ok(us)
     }
 }

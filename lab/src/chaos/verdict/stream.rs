@@ -2,10 +2,8 @@
 //! increasing order, nothing else but the hostile messages.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
 
 use async_nats::jetstream;
-use futures::StreamExt;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -116,36 +114,13 @@ struct StreamMessage {
     body: bytes::Bytes,
 }
 
-/// Every message of the stream, in order, through an ephemeral consumer that acknowledges nothing.
+/// Every message of the stream, in order.
 async fn read_stream(
     jetstream: &jetstream::Context,
     stream: &str,
 ) -> anyhow::Result<Vec<StreamMessage>> {
-    let mut stream = jetstream.get_stream(stream).await?;
-    let last = stream.info().await?.state.last_sequence;
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::Config {
-            deliver_policy: jetstream::consumer::DeliverPolicy::All,
-            ack_policy: jetstream::consumer::AckPolicy::None,
-            inactive_threshold: Duration::from_secs(60),
-            ..Default::default()
-        })
-        .await?;
-    let mut messages = consumer.messages().await?;
     let mut read = Vec::new();
-    let mut sequence = 0;
-    while sequence < last {
-        let next = tokio::time::timeout(Duration::from_secs(10), messages.next())
-            .await
-            .map_err(|_| {
-                anyhow::anyhow!("the stream stopped delivering at sequence {sequence} of {last}")
-            })?;
-        let Some(message) = next else { break };
-        let message = message.map_err(|e| anyhow::anyhow!("reading the stream: {e}"))?;
-        sequence = message
-            .info()
-            .map_err(|e| anyhow::anyhow!("a message without delivery info: {e}"))?
-            .stream_sequence;
+    crate::stream_read::each_message(jetstream, stream, |message, _| {
         let hostile = message
             .headers
             .as_ref()
@@ -154,6 +129,7 @@ async fn read_stream(
             hostile,
             body: message.payload.clone(),
         });
-    }
+    })
+    .await?;
     Ok(read)
 }
