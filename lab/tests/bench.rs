@@ -30,10 +30,36 @@ fn the_bench_measures_every_part_and_reports_every_key() {
             "writers.{writers}.ratio: {report}"
         );
     }
-    for key in ["one", "two", "best", "hot", "baseline", "best_empty_table"] {
+    for key in [
+        "one",
+        "two",
+        "three",
+        "best",
+        "hot",
+        "baseline",
+        "best_empty_table",
+    ] {
         let rate = report["relay"][key].as_f64();
         assert!(rate.is_some_and(|r| r > 0.0), "relay.{key}: {report}");
     }
+    // How much of the machine the one-, two- and three-relay drains kept busy, and the machine's
+    // own yardstick, so that runs on machines of one size but different speed can be told apart.
+    let cores = report["machine"]["cores"].as_f64().expect("machine.cores");
+    for key in ["one", "two", "three"] {
+        let busy = report["relay"]["busy_cores"][key].as_f64();
+        assert!(
+            busy.is_some_and(|b| b > 0.0 && b <= cores + 0.05),
+            "relay.busy_cores.{key}: {report}"
+        );
+    }
+    assert!(
+        report["machine"]["speed"].as_f64().is_some_and(|s| s > 0.0)
+            && report["machine"]["cpu"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty()),
+        "machine: {}",
+        report["machine"]
+    );
     for key in ["one", "two", "best"] {
         // The drain proper cannot be slower than the same drain with the processes' start and end.
         let (drain, wall) = (

@@ -72,6 +72,32 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
+/// The machine's CPU time since boot, in clock ticks: `(busy, total)` summed over every core, from
+/// `/proc/stat`'s first line (busy is everything but idle and iowait).
+pub fn machine_cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let total: u64 = ticks.iter().sum();
+    // Fields 4 and 5 are idle and iowait; guest time is already counted in user.
+    let idle = ticks.get(3)? + ticks.get(4).unwrap_or(&0);
+    Some((total - idle, total))
+}
+
+/// Cores kept busy between two [`machine_cpu_ticks`] readings (by anything on the machine), out of
+/// `cores`; `None` when either reading failed or no time passed.
+pub fn busy_cores(start: Option<(u64, u64)>, end: Option<(u64, u64)>, cores: usize) -> Option<f64> {
+    let ((busy0, total0), (busy1, total1)) = (start?, end?);
+    let total = total1.checked_sub(total0).filter(|t| *t > 0)?;
+    let busy = busy1.saturating_sub(busy0);
+    Some(busy as f64 / total as f64 * cores as f64)
+}
+
 /// The ids of running processes whose command name is `name` (e.g. `nats-server`).
 pub fn pids_named(name: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -113,5 +139,24 @@ mod tests {
             cpu_seconds(pid).expect("cpu time") > before,
             "cpu time never grew"
         );
+    }
+
+    #[test]
+    fn a_spinning_thread_keeps_at_least_part_of_a_core_busy() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let start = machine_cpu_ticks();
+        assert!(start.is_some(), "no machine CPU reading");
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        let mut spun = 0u64;
+        while std::time::Instant::now() < until {
+            spun = std::hint::black_box(spun.wrapping_add(1));
+        }
+        let busy = busy_cores(start, machine_cpu_ticks(), cores).expect("busy cores");
+        // This thread alone is one core for 300 ms; tick accounting and other work blur the edges.
+        assert!(
+            busy > 0.5 && busy <= cores as f64 + 0.01,
+            "busy {busy} of {cores}"
+        );
+        assert_eq!(busy_cores(start, start, cores), None);
     }
 }

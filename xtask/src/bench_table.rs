@@ -67,13 +67,23 @@ pub fn render(document: &Value, path: &Path) -> Result<String, XtaskError> {
     let rounds = document["sizes"]["rounds"].as_u64().unwrap_or(0);
     let _ = writeln!(
         table,
-        "\n{} profile, medians of {rounds} rounds, {} build, {} cores, run {}.",
+        "\n{} profile, medians of {rounds} rounds, {} build, {} cores{}, run {}.",
         document["profile"].as_str().unwrap_or("?"),
         document["build"].as_str().unwrap_or("?"),
         document["machine"]["cores"].as_u64().unwrap_or(0),
+        machine_speed(&document["machine"]),
         document["date"].as_str().unwrap_or("?"),
     );
     Ok(table)
+}
+
+/// ` (Intel(R) Xeon(R) Processor, speed 180.2)` when the run recorded its CPU and its single-core
+/// speed (runs before they were recorded have neither).
+fn machine_speed(machine: &Value) -> String {
+    match (machine["cpu"].as_str(), machine["speed"].as_f64()) {
+        (Some(cpu), Some(speed)) => format!(" ({cpu}, speed {speed})"),
+        _ => String::new(),
+    }
 }
 
 /// The relay's two sources side by side: each one's backlog rate, CPU per event and latencies.
@@ -207,6 +217,20 @@ mod tests {
             "no sources table without the part"
         );
         assert!(render(&json!({}), Path::new("x.json")).is_err());
+    }
+
+    #[test]
+    fn the_footer_names_the_cpu_and_its_speed_when_the_run_recorded_them() {
+        let document = json!({
+            "profile": "quick", "build": "release", "date": "2026-12-06T06:00:00Z",
+            "machine": {"cores": 2, "cpu": "Some CPU", "speed": 194.9}, "sizes": {"rounds": 3},
+            "targets": [],
+        });
+        let table = render(&document, Path::new("bench.json")).expect("a bench document");
+        assert!(
+            table.contains("release build, 2 cores (Some CPU, speed 194.9), run"),
+            "{table}"
+        );
     }
 
     #[test]

@@ -190,6 +190,8 @@ pub(crate) async fn run(database_url: &str, args: BenchArgs) -> anyhow::Result<b
             SUPPORTED_NATS.1
         ));
     }
+    // The machine's yardstick is taken now, before anything this run starts keeps the cores busy.
+    progress.say(&format!("machine: {}", report::machine_line()));
     progress.say(&format!(
         "profile {} ({} rounds); PostgreSQL and NATS: {}",
         profile.name,

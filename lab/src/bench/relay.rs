@@ -51,6 +51,9 @@ pub(super) struct RelayFigures {
     pub one: f64,
     /// Two relays, one lane each, with the history present.
     pub two: f64,
+    /// Three relays, one lane each: not a target, it shows whether a third adds anything, i.e.
+    /// whether two already reach what this machine's cores allow.
+    pub three: f64,
     /// One relay in its default configuration, with the history present.
     pub best: f64,
     /// The same on aggregates of `hot_versions` versions.
@@ -69,6 +72,9 @@ pub(super) struct RelayFigures {
     pub runs: Runs,
     /// Medians of `one`, `two` and `best` timed from the processes' start to their exit.
     pub wall: Wall,
+    /// Cores kept busy (by everything on the machine) during the one-, two- and three-relay drains,
+    /// medians: how close each comes to the machine's ceiling.
+    pub busy_cores: Busy,
     /// Events per drain, sent rows present, versions per hot aggregate.
     pub events: i64,
     /// Sent rows present during the drains (except `best_empty_table`).
@@ -82,12 +88,26 @@ pub(super) struct RelayFigures {
 pub(super) struct Runs {
     pub one: Vec<f64>,
     pub two: Vec<f64>,
+    pub three: Vec<f64>,
     pub best: Vec<f64>,
     pub hot: Vec<f64>,
     pub best_empty_table: Vec<f64>,
     pub baseline: Vec<f64>,
     /// CPU µs per event of the best drain (relay + PostgreSQL + nats-server), each round.
     pub cpu_us_total: Vec<f64>,
+    /// Cores busy during the one-, two- and three-relay drains, each round.
+    pub busy_cores_one: Vec<f64>,
+    pub busy_cores_two: Vec<f64>,
+    pub busy_cores_three: Vec<f64>,
+}
+
+/// Cores busy on the whole machine while relays drained, from the processes' start to their exit
+/// (medians).
+#[derive(Debug, Clone, Default, Serialize)]
+pub(super) struct Busy {
+    pub one: f64,
+    pub two: f64,
+    pub three: f64,
 }
 
 /// Rates from the processes' start to their exit, events/s (medians).
@@ -114,6 +134,8 @@ struct Drained {
     wall_rate: f64,
     cpu: CpuPerEvent,
     peak_rss_kib: u64,
+    /// Cores busy on the whole machine from the processes' start to their exit.
+    busy_cores: f64,
 }
 
 /// Runs every relay measurement.
@@ -138,6 +160,10 @@ pub(super) async fn measure(
         instances: 2,
         lanes: Some(1),
     };
+    let three_one_lane = Drain {
+        instances: 3,
+        lanes: Some(1),
+    };
     let best = Drain {
         instances: 1,
         lanes: None,
@@ -155,11 +181,16 @@ pub(super) async fn measure(
         };
         let drained = fixture.drain(one_lane, events, 3).await?;
         runs.one.push(drained.rate);
+        runs.busy_cores_one.push(drained.busy_cores);
         wall.one.push(drained.wall_rate);
         cpu_one.push(drained.cpu);
         let drained = fixture.drain(two_one_lane, events, 3).await?;
         runs.two.push(drained.rate);
+        runs.busy_cores_two.push(drained.busy_cores);
         wall.two.push(drained.wall_rate);
+        let drained = fixture.drain(three_one_lane, events, 3).await?;
+        runs.three.push(drained.rate);
+        runs.busy_cores_three.push(drained.busy_cores);
         let drained = fixture.drain(best, events, 3).await?;
         runs.best.push(drained.rate);
         wall.best.push(drained.wall_rate);
@@ -185,11 +216,12 @@ pub(super) async fn measure(
                 .await?,
         );
         progress.say(&format!(
-            "relay round {round}/{}: one {:.0}, two {:.0}, best {:.0}, hot {:.0}, best on an empty \
-             table {:.0}, baseline {:.0} events/s",
+            "relay round {round}/{}: one {:.0}, two {:.0}, three {:.0}, best {:.0}, hot {:.0}, best \
+             on an empty table {:.0}, baseline {:.0} events/s",
             profile.rounds,
             runs.one[round - 1],
             runs.two[round - 1],
+            runs.three[round - 1],
             runs.best[round - 1],
             runs.hot[round - 1],
             runs.best_empty_table[round - 1],
@@ -209,6 +241,7 @@ pub(super) async fn measure(
     Ok(RelayFigures {
         one: median(runs.one.clone()),
         two: median(runs.two.clone()),
+        three: median(runs.three.clone()),
         best: median(runs.best.clone()),
         hot: median(runs.hot.clone()),
         best_empty_table: median(runs.best_empty_table.clone()),
@@ -221,6 +254,11 @@ pub(super) async fn measure(
             reason = "the median of peak RSS figures (KiB, from u64s): non-negative and in range"
         )]
         best_peak_rss_kib: median(rss) as u64,
+        busy_cores: Busy {
+            one: median(runs.busy_cores_one.clone()),
+            two: median(runs.busy_cores_two.clone()),
+            three: median(runs.busy_cores_three.clone()),
+        },
         runs,
         wall: Wall {
             one: median(wall.one),
@@ -407,6 +445,7 @@ impl Fixture<'_> {
         let nats = nats_pids(self.nats_url);
         let relay = binary("waybill-relay")?;
         let started = Instant::now();
+        let ticks_at_start = testkit::stats::machine_cpu_ticks();
         let logs = tempfile::Builder::new()
             .prefix("waybill-bench-relays-")
             .tempdir()?;
@@ -466,6 +505,12 @@ impl Fixture<'_> {
             );
         }
         let elapsed = started.elapsed().as_secs_f64();
+        let busy_cores = testkit::stats::busy_cores(
+            ticks_at_start,
+            testkit::stats::machine_cpu_ticks(),
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        )
+        .unwrap_or(0.0);
         let usage = sampler.finish().await;
         let (sent, drain_seconds) = fixtures::relayed(self.pool).await?;
         anyhow::ensure!(sent == events, "only {sent} of {events} rows were sent");
@@ -486,6 +531,7 @@ impl Fixture<'_> {
                 nats,
             },
             peak_rss_kib: usage.get("relay").map_or(0, |u| u.peak_rss_kib),
+            busy_cores,
         })
     }
 

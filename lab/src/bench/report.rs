@@ -2,6 +2,7 @@
 //! people, and the targets judged against the figures of this one run.
 
 use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -318,6 +319,7 @@ impl Report {
             for (name, value, rounds) in [
                 ("one relay, one lane", r.one, &r.runs.one),
                 ("two relays, one lane each", r.two, &r.runs.two),
+                ("three relays, one lane each", r.three, &r.runs.three),
                 ("one relay, default (best)", r.best, &r.runs.best),
                 (hot.as_str(), r.hot, &r.runs.hot),
                 (
@@ -344,6 +346,14 @@ impl Report {
                 out,
                 "  two relays / one, round by round: {}",
                 spread(&pairs)
+            );
+            let _ = writeln!(
+                out,
+                "  cores busy on the machine (of {}): one relay {:.2}, two {:.2}, three {:.2}",
+                std::thread::available_parallelism().map_or(0, |n| n.get()),
+                r.busy_cores.one,
+                r.busy_cores.two,
+                r.busy_cores.three
             );
             let _ = writeln!(
                 out,
@@ -507,22 +517,71 @@ pub(super) fn spread(values: &[f64]) -> String {
     format!("{min:.digits$}–{max:.digits$}")
 }
 
-/// Cores and memory of this machine, as the figures depend on them.
-fn machine() -> Value {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let memory_kib: u64 = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
+/// Cores, memory, CPU model and single-core speed of this machine, as the figures depend on them:
+/// two runs on machines of the same size but different speed are told apart by `speed`.
+pub(super) fn machine() -> Value {
+    static MACHINE: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    MACHINE
+        .get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+            let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+            let memory_kib: u64 = meminfo
+                .lines()
                 .find(|l| l.starts_with("MemTotal:"))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+                .unwrap_or_default();
+            let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+            let cpu = cpuinfo
+                .lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map_or("unknown", |(_, model)| model.trim());
+            json!({
+                "cores": cores,
+                "memory_gib": (memory_kib as f64 / 1048576.0).round(),
+                "cpu": cpu,
+                "speed": single_core_speed(),
+            })
         })
-        .unwrap_or_default();
-    json!({"cores": cores, "memory_gib": (memory_kib as f64 / 1048576.0).round()})
+        .clone()
 }
 
-/// `2 cores, 24 GiB`.
+/// A fixed, CPU-bound workload on one core (a 64-bit mixing function, no memory traffic), in
+/// millions of rounds per second: the median of five 100 ms trials. Not a benchmark of anything in
+/// the project — a yardstick, so that a reader can see that two runs' machines differ in speed
+/// before comparing their figures. Taken once per run, when the report first needs it (before any
+/// measurement: [`super::run`] asks at the start).
+fn single_core_speed() -> f64 {
+    let mut trials: Vec<f64> = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            let mut rounds = 0u64;
+            let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+            while started.elapsed() < Duration::from_millis(100) {
+                for _ in 0..10_000 {
+                    state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                    let mut z = state;
+                    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                    state = std::hint::black_box(z ^ (z >> 31));
+                }
+                rounds += 10_000;
+            }
+            rounds as f64 / started.elapsed().as_secs_f64() / 1e6
+        })
+        .collect();
+    trials.sort_by(f64::total_cmp);
+    (trials[2] * 10.0).round() / 10.0
+}
+
+/// `2 cores (Intel(R) Xeon(R) Processor, speed 180.2), 24 GiB`.
 pub(super) fn machine_line() -> String {
     let m = machine();
-    format!("{} cores, {} GiB", m["cores"], m["memory_gib"])
+    format!(
+        "{} cores ({}, speed {}), {} GiB",
+        m["cores"],
+        m["cpu"].as_str().unwrap_or("unknown"),
+        m["speed"],
+        m["memory_gib"]
+    )
 }
