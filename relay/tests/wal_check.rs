@@ -235,11 +235,8 @@ async fn a_slot_near_max_slot_wal_keep_size_is_warned_about_before_it_is_lost() 
         .execute(&pool)
         .await
         .expect("slot");
-    let (slot, detail) = {
-        let found = findings(&wal_check(&url, &[]).await);
-        let (slot, detail) = verdict(&found, "slot");
-        (slot.to_owned(), detail.to_owned())
-    };
+    let fresh = findings(&wal_check(&url, &[]).await);
+    let (slot, detail) = verdict(&fresh, "slot");
     assert_eq!(slot, "ok", "a fresh slot has all of it left: {detail}");
     // About 80 MB of WAL while nobody reads the slot: five segments, each ended by a switch.
     sqlx::query("CREATE TABLE filler (g int)")

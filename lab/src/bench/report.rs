@@ -350,7 +350,7 @@ impl Report {
             let _ = writeln!(
                 out,
                 "  cores busy on the machine (of {}): one relay {:.2}, two {:.2}, three {:.2}",
-                std::thread::available_parallelism().map_or(0, |n| n.get()),
+                machine()["cores"],
                 r.busy_cores.one,
                 r.busy_cores.two,
                 r.busy_cores.three
@@ -552,7 +552,7 @@ pub(super) fn machine() -> Value {
 /// before comparing their figures. Taken once per run, when the report first needs it (before any
 /// measurement: [`super::run`] asks at the start).
 fn single_core_speed() -> f64 {
-    let mut trials: Vec<f64> = (0..5)
+    let trials: Vec<f64> = (0..5)
         .map(|_| {
             let started = Instant::now();
             let mut rounds = 0u64;
@@ -570,8 +570,7 @@ fn single_core_speed() -> f64 {
             rounds as f64 / started.elapsed().as_secs_f64() / 1e6
         })
         .collect();
-    trials.sort_by(f64::total_cmp);
-    (trials[2] * 10.0).round() / 10.0
+    (testkit::stats::median(trials) * 10.0).round() / 10.0
 }
 
 /// `2 cores (Intel(R) Xeon(R) Processor, speed 180.2), 24 GiB`.
