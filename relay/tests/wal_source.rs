@@ -400,3 +400,99 @@ async fn a_row_read_from_the_wal_before_its_commit_is_visible_is_still_marked_se
     world.everything_delivered_once_in_order(&["relay"]).await;
     sigkill(&mut relay);
 }
+
+/// Sets the stream's limit per subject: with `Some(n)` each subject holds at most `n` messages and
+/// the stream refuses more on it (discard new), with `None` it takes everything again.
+async fn limit_subjects(nats_url: &str, limit: Option<i64>) {
+    use async_nats::jetstream::stream::DiscardPolicy;
+    let jetstream = async_nats::jetstream::new(async_nats::connect(nats_url).await.expect("NATS"));
+    let mut config = jetstream
+        .get_stream(STREAM)
+        .await
+        .expect("the stream")
+        .info()
+        .await
+        .expect("its info")
+        .config
+        .clone();
+    config.max_messages_per_subject = limit.unwrap_or(-1);
+    config.discard_new_per_subject = limit.is_some();
+    config.discard = if limit.is_some() {
+        DiscardPolicy::New
+    } else {
+        DiscardPolicy::Old
+    };
+    jetstream
+        .update_stream(config)
+        .await
+        .expect("stream updated");
+}
+
+#[tokio::test]
+async fn an_aggregate_handed_to_polling_is_retried_on_schedule_while_the_outbox_is_idle() {
+    let world = World::new().await;
+    // The server's default: on an idle stream a server asks for a reply (a keepalive, which the relay
+    // sees) only when half of this has passed without one. The private server's 10 s would hide a
+    // relay that waits for replication messages to come back to polling.
+    sqlx::query("ALTER SYSTEM SET wal_sender_timeout = '60s'")
+        .execute(&world.pool)
+        .await
+        .expect("ALTER SYSTEM");
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&world.pool)
+        .await
+        .expect("reload");
+    let mut relay = world.relay("relay");
+    let order = testkit::place_order(&world.store, "alice", &["MUG:1:100"]).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the order in the stream",
+        || async { world.stream_messages().await == 1 && world.unsent().await == 0 },
+    )
+    .await;
+    // The broker refuses the order's next event: after its in-stream tries, polling takes the order.
+    limit_subjects(&world.nats_url, Some(1)).await;
+    testkit::pay_order(&world.store, order).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the order handed to polling",
+        || async {
+            world
+                .log("relay")
+                .contains("polling delivers this aggregate for now")
+        },
+    )
+    .await;
+    // Nothing more is written: the replication stream is idle, and polling's passes still come, one
+    // every five seconds (each refused pass counts an attempt on the row). A server sends nothing on
+    // an idle stream for longer than that.
+    let attempts = || async {
+        sqlx::query_scalar::<_, i32>("SELECT attempts FROM outbox WHERE aggregate_version = 2")
+            .fetch_one(&world.pool)
+            .await
+            .expect("the row")
+    };
+    wait_until(Duration::from_secs(15), "a first polling pass", || async {
+        attempts().await >= 1
+    })
+    .await;
+    let first = attempts().await;
+    wait_until(
+        Duration::from_secs(13),
+        "two more polling passes on an idle outbox",
+        || async { attempts().await >= first + 2 },
+    )
+    .await;
+    // The stream goes on for every other aggregate meanwhile: a pass does not wait for the failing
+    // row to come due again.
+    testkit::place_order(&world.store, "bob", &["TEA:1:100"]).await;
+    wait_until(
+        Duration::from_secs(4),
+        "another order in the stream",
+        || async { world.stream_messages().await == 2 },
+    )
+    .await;
+    limit_subjects(&world.nats_url, None).await;
+    world.everything_delivered_once_in_order(&["relay"]).await;
+    sigkill(&mut relay);
+}

@@ -28,11 +28,7 @@ impl Relay {
         let mut waiting_since: Option<Instant> = None;
         let peers = Peers::join(&self.pool, self.config.lane_count()).await;
         loop {
-            let mut round = RunSummary::default();
-            let lanes = (0..self.config.lanes.max(1)).map(|lane| self.drain_lane(lane, &peers));
-            for lane in futures::future::join_all(lanes).await {
-                round.merge(&lane?);
-            }
+            let round = self.pass_among(&peers).await?;
             summary.merge(&round);
             if self.stopping.load(Ordering::Relaxed)
                 || self.client.connection_state() != State::Connected
@@ -60,6 +56,25 @@ impl Relay {
                 self.end_stale_claims().await.map_err(StepError::Claim)?;
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// One pass over the outbox: every lane steps until its claim finds nothing due now. Unlike
+    /// [`Relay::drain`] it never waits for rows locked by another relay or failed and due again in a
+    /// moment: a caller that comes back on its own schedule (the WAL source's hand-back to polling)
+    /// must not stop its other work for them.
+    pub async fn pass(&self) -> Result<RunSummary, StepError> {
+        let peers = Peers::join(&self.pool, self.config.lane_count()).await;
+        self.pass_among(&peers).await
+    }
+
+    /// [`Relay::pass`] with this relay's seat among its peers already taken.
+    async fn pass_among(&self, peers: &Peers) -> Result<RunSummary, StepError> {
+        let mut summary = RunSummary::default();
+        let lanes = (0..self.config.lanes.max(1)).map(|lane| self.drain_lane(lane, peers));
+        for lane in futures::future::join_all(lanes).await {
+            summary.merge(&lane?);
+        }
+        Ok(summary)
     }
 
     /// One lane of [`Relay::drain`]: its share among the relays sharing the outbox until that is empty,

@@ -213,11 +213,24 @@ impl Relay {
         };
         let mut last_handover = Instant::now();
         let ended = loop {
+            // Aggregates handed over to polling are looked at on a timer too, not only after a
+            // replication message: an idle outbox sends none but keepalives, which a server sends
+            // only when half its `wal_sender_timeout` (60 s by default) passes without a reply, and
+            // a row left to polling would wait that long.
+            let handing_back = !session.handed_over.is_empty();
+            let hand_back_at = tokio::time::Instant::from_std(last_handover + HANDOVER_EVERY);
             let event = tokio::select! {
                 event = client.recv() => event,
                 marked = session.marked() => {
                     // Nothing new arrived before the last mark ended: confirm what it completed.
                     session.settle(marked?);
+                    client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
+                    continue;
+                }
+                () = tokio::time::sleep_until(hand_back_at), if handing_back => {
+                    last_handover = Instant::now();
+                    session.finish_mark(summary).await?;
+                    session.hand_back(summary).await?;
                     client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
                     continue;
                 }
@@ -604,10 +617,12 @@ impl Session<'_> {
         }
     }
 
-    /// Drains the outbox by polling for the aggregates handed over, and takes back those with nothing
-    /// unsent left.
+    /// Delivers what is due in the outbox by one polling pass, for the aggregates handed over, and
+    /// takes back those with nothing unsent left. One pass, not a drain: a drain waits up to seconds
+    /// for a failing row to come due again, and the replication stream — every other aggregate —
+    /// would wait with it; the next pass comes [`HANDOVER_EVERY`] later.
     async fn hand_back(&mut self, summary: &mut RunSummary) -> anyhow::Result<()> {
-        let drained = self.relay.drain().await?;
+        let drained = self.relay.pass().await?;
         add(summary, &drained);
         let aggregates: Vec<Uuid> = self.handed_over.iter().copied().collect();
         let unsent: HashSet<Uuid> =
