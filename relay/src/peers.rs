@@ -116,6 +116,16 @@ impl Peers {
         Self { seat, task }
     }
 
+    /// No slot and no seat: the relay claims as if it were alone and tells the others nothing. For a
+    /// relay reading the WAL, whose occasional polling pass must not make the polling relays split
+    /// their shares again before and after it.
+    pub fn none() -> Self {
+        Self {
+            seat: Arc::new(Mutex::new(None)),
+            task: tokio::spawn(async {}),
+        }
+    }
+
     /// The current seat, or `None` while this relay holds no slot.
     pub fn seat(&self) -> Option<Seat> {
         *self.seat.lock().unwrap_or_else(PoisonError::into_inner)

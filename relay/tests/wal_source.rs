@@ -432,16 +432,24 @@ async fn limit_subjects(nats_url: &str, limit: Option<i64>) {
 async fn an_aggregate_handed_to_polling_is_retried_on_schedule_while_the_outbox_is_idle() {
     let world = World::new().await;
     // The server's default: on an idle stream a server asks for a reply (a keepalive, which the relay
-    // sees) only when half of this has passed without one. The private server's 10 s would hide a
-    // relay that waits for replication messages to come back to polling.
-    sqlx::query("ALTER SYSTEM SET wal_sender_timeout = '60s'")
+    // sees) only when half of this has passed without one. The private server's 10 s (a command-line
+    // setting, which a database's own setting overrides for the sessions that connect to it) would
+    // hide a relay that waits for replication messages to come back to polling.
+    sqlx::query("ALTER DATABASE shop SET wal_sender_timeout = '60s'")
         .execute(&world.pool)
         .await
-        .expect("ALTER SYSTEM");
-    sqlx::query("SELECT pg_reload_conf()")
-        .execute(&world.pool)
+        .expect("ALTER DATABASE");
+    let fresh = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&world.url)
         .await
-        .expect("reload");
+        .expect("connects");
+    let timeout: String = sqlx::query_scalar("SHOW wal_sender_timeout")
+        .fetch_one(&fresh)
+        .await
+        .expect("SHOW");
+    assert_eq!(timeout, "1min", "the relay's sessions get the default");
+    fresh.close().await;
     let mut relay = world.relay("relay");
     let order = testkit::place_order(&world.store, "alice", &["MUG:1:100"]).await;
     wait_until(

@@ -61,10 +61,10 @@ impl Relay {
     /// One pass over the outbox: every lane steps until its claim finds nothing due now. Unlike
     /// [`Relay::drain`] it never waits for rows locked by another relay or failed and due again in a
     /// moment: a caller that comes back on its own schedule (the WAL source's hand-back to polling)
-    /// must not stop its other work for them.
+    /// must not stop its other work for them. It takes no seat among the relays sharing the outbox
+    /// ([`Peers::none`]): joining for every pass would make them split their shares twice a pass.
     pub async fn pass(&self) -> Result<RunSummary, StepError> {
-        let peers = Peers::join(&self.pool, self.config.lane_count()).await;
-        self.pass_among(&peers).await
+        self.pass_among(&Peers::none()).await
     }
 
     /// [`Relay::pass`] with this relay's seat among its peers already taken.

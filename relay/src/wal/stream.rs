@@ -213,6 +213,11 @@ impl Relay {
         };
         let mut last_handover = Instant::now();
         let ended = loop {
+            // Checked first: a stop that came while no `stop.notified()` was waiting (the timer's
+            // pass below runs without one) must not wait for the next replication message.
+            if stopping.load(Ordering::Relaxed) {
+                break Ended::Stopped;
+            }
             // Aggregates handed over to polling are looked at on a timer too, not only after a
             // replication message: an idle outbox sends none but keepalives, which a server sends
             // only when half its `wal_sender_timeout` (60 s by default) passes without a reply, and
@@ -228,9 +233,10 @@ impl Relay {
                     continue;
                 }
                 () = tokio::time::sleep_until(hand_back_at), if handing_back => {
-                    last_handover = Instant::now();
                     session.finish_mark(summary).await?;
                     session.hand_back(summary).await?;
+                    // Counted from the pass's end: the stream gets its time between passes.
+                    last_handover = Instant::now();
                     client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
                     continue;
                 }
