@@ -80,7 +80,8 @@ impl Seat {
 #[derive(Debug)]
 pub struct Peers {
     seat: Arc<Mutex<Option<Seat>>>,
-    task: tokio::task::JoinHandle<()>,
+    /// Holds the slot's connection and refreshes the seat; `None` for [`Peers::none`].
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Peers {
@@ -113,7 +114,10 @@ impl Peers {
                 }
             }
         });
-        Self { seat, task }
+        Self {
+            seat,
+            task: Some(task),
+        }
     }
 
     /// No slot and no seat: the relay claims as if it were alone and tells the others nothing. For a
@@ -122,7 +126,7 @@ impl Peers {
     pub fn none() -> Self {
         Self {
             seat: Arc::new(Mutex::new(None)),
-            task: tokio::spawn(async {}),
+            task: None,
         }
     }
 
@@ -135,7 +139,9 @@ impl Peers {
 impl Drop for Peers {
     fn drop(&mut self) {
         // Dropping the task drops its connection: PostgreSQL ends the session and frees the slot.
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 

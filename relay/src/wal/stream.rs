@@ -218,10 +218,10 @@ impl Relay {
             if stopping.load(Ordering::Relaxed) {
                 break Ended::Stopped;
             }
-            // Aggregates handed over to polling are looked at on a timer too, not only after a
-            // replication message: an idle outbox sends none but keepalives, which a server sends
-            // only when half its `wal_sender_timeout` (60 s by default) passes without a reply, and
-            // a row left to polling would wait that long.
+            // Aggregates handed over to polling are looked at on a timer, not after a replication
+            // message: an idle outbox sends none but keepalives, which a server sends only when half
+            // its `wal_sender_timeout` (60 s by default) passes without a reply. On a busy stream the
+            // timer still fires: `select!` picks among ready branches at random.
             let handing_back = !session.handed_over.is_empty();
             let hand_back_at = tokio::time::Instant::from_std(last_handover + HANDOVER_EVERY);
             let event = tokio::select! {
@@ -266,11 +266,6 @@ impl Relay {
                 session.deliver(summary).await?;
             }
             client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
-            if !session.handed_over.is_empty() && last_handover.elapsed() >= HANDOVER_EVERY {
-                last_handover = Instant::now();
-                session.finish_mark(summary).await?;
-                session.hand_back(summary).await?;
-            }
             if stopping.load(Ordering::Relaxed) {
                 break Ended::Stopped;
             }
