@@ -60,6 +60,17 @@ fn the_bench_measures_every_part_and_reports_every_key() {
         "machine: {}",
         report["machine"]
     );
+    // The server's own speed: a durable commit costs at least the round trip it takes.
+    let server = &report["server"];
+    let (round_trip, commit, commit_p90) = (
+        server["round_trip_us"].as_f64().unwrap_or(0.0),
+        server["commit_us"].as_f64().unwrap_or(0.0),
+        server["commit_p90_us"].as_f64().unwrap_or(0.0),
+    );
+    assert!(
+        round_trip > 0.0 && commit >= round_trip && commit_p90 >= commit,
+        "server: {server}"
+    );
     for key in ["one", "two", "best"] {
         // The drain proper cannot be slower than the same drain with the processes' start and end.
         let (drain, wall) = (

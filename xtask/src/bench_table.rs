@@ -67,11 +67,12 @@ pub fn render(document: &Value, path: &Path) -> Result<String, XtaskError> {
     let rounds = document["sizes"]["rounds"].as_u64().unwrap_or(0);
     let _ = writeln!(
         table,
-        "\n{} profile, medians of {rounds} rounds, {} build, {} cores{}, run {}.",
+        "\n{} profile, medians of {rounds} rounds, {} build, {} cores{}{}, run {}.",
         document["profile"].as_str().unwrap_or("?"),
         document["build"].as_str().unwrap_or("?"),
         document["machine"]["cores"].as_u64().unwrap_or(0),
         machine_speed(&document["machine"]),
+        server_speed(&document["server"]),
         document["date"].as_str().unwrap_or("?"),
     );
     Ok(table)
@@ -82,6 +83,20 @@ pub fn render(document: &Value, path: &Path) -> Result<String, XtaskError> {
 fn machine_speed(machine: &Value) -> String {
     match (machine["cpu"].as_str(), machine["speed"].as_f64()) {
         (Some(cpu), Some(speed)) => format!(" ({cpu}, speed {speed})"),
+        _ => String::new(),
+    }
+}
+
+/// `, PostgreSQL's durable commit 92 µs (round trip 26 µs)` when the run measured its server (runs
+/// before 2026-12-06 evening did not).
+fn server_speed(server: &Value) -> String {
+    match (
+        server["commit_us"].as_f64(),
+        server["round_trip_us"].as_f64(),
+    ) {
+        (Some(commit), Some(round_trip)) => {
+            format!(", PostgreSQL's durable commit {commit} µs (round trip {round_trip} µs)")
+        }
         _ => String::new(),
     }
 }
@@ -229,6 +244,23 @@ mod tests {
         let table = render(&document, Path::new("bench.json")).expect("a bench document");
         assert!(
             table.contains("release build, 2 cores (Some CPU, speed 194.9), run"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn the_footer_names_the_servers_commit_when_the_run_measured_it() {
+        let document = json!({
+            "profile": "quick", "build": "release", "date": "2026-12-06T06:00:00Z",
+            "machine": {"cores": 2, "cpu": "Some CPU", "speed": 194.9}, "sizes": {"rounds": 3},
+            "server": {"round_trip_us": 26.0, "commit_us": 92.0, "commit_p90_us": 317.0},
+            "targets": [],
+        });
+        let table = render(&document, Path::new("bench.json")).expect("a bench document");
+        assert!(
+            table.contains(
+                "2 cores (Some CPU, speed 194.9), PostgreSQL's durable commit 92 µs (round trip 26 µs), run"
+            ),
             "{table}"
         );
     }

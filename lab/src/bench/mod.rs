@@ -14,6 +14,7 @@ mod projections;
 mod relay;
 mod report;
 mod scaling;
+mod server;
 mod sources;
 mod usage;
 mod writers;
@@ -206,6 +207,16 @@ pub(crate) async fn run(database_url: &str, args: BenchArgs) -> anyhow::Result<b
         );
     }
     let mut report = report::Report::new(&profile);
+    match server::measure(&services).await {
+        Ok(figures) => {
+            progress.say(&format!("PostgreSQL: {}", figures.line()));
+            report.server = Some(figures);
+        }
+        Err(error) => progress.say(&format!(
+            "PostgreSQL's round trip and commit not measured: {}",
+            ops::error_chain(error.as_ref())
+        )),
+    }
     if wanted(Part::Writers) {
         report.writers = Some(writers::measure(&services, &profile, &progress).await?);
     }

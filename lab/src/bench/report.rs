@@ -10,6 +10,7 @@ use super::Profile;
 use super::pipeline::{LoadStep, PipelineFigures};
 use super::projections::ProjectionFigures;
 use super::relay::RelayFigures;
+use super::server::ServerFigures;
 use super::sources::SourcesFigures;
 use super::writers::WriterFigures;
 
@@ -22,6 +23,8 @@ pub(super) struct Report {
     pub projections: Option<ProjectionFigures>,
     pub pipeline: Option<PipelineFigures>,
     pub sources: Option<SourcesFigures>,
+    /// The database server's round trip and durable commit, taken before the parts.
+    pub server: Option<ServerFigures>,
     /// Wall time of the run.
     pub seconds: f64,
 }
@@ -68,6 +71,7 @@ impl Report {
             projections: None,
             pipeline: None,
             sources: None,
+            server: None,
             seconds: 0.0,
         }
     }
@@ -233,6 +237,9 @@ impl Report {
             "targets": targets,
             "all_targets_met": targets.iter().all(|t| t.met),
         });
+        if let Some(server) = &self.server {
+            document["server"] = json!(server);
+        }
         if let Some(writers) = &self.writers {
             document["writers"] = writers
                 .iter()
@@ -283,6 +290,9 @@ impl Report {
             machine_line(),
             self.seconds
         );
+        if let Some(server) = &self.server {
+            let _ = writeln!(out, "PostgreSQL: {}", server.line());
+        }
         if let Some(writers) = &self.writers {
             let _ = writeln!(
                 out,
