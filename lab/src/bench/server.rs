@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 use sqlx::PgPool;
-use testkit::stats::median;
+use testkit::stats::quantile;
 
 use crate::demo::services::Services;
 
@@ -23,17 +23,17 @@ const SAMPLES: usize = 300;
 #[derive(Debug, Clone, Serialize)]
 pub(super) struct ServerFigures {
     /// `SELECT 1`, median: the client, the connection and the server's statement path.
-    pub round_trip_us: f64,
+    pub round_trip_us: u64,
     /// A one-row insert committed with `synchronous_commit = on`, its own transaction: median and p90.
-    pub commit_us: f64,
-    pub commit_p90_us: f64,
+    pub commit_us: u64,
+    pub commit_p90_us: u64,
 }
 
 impl ServerFigures {
     /// `round trip 95 µs, durable commit 310 µs (p90 420)`.
     pub(super) fn line(&self) -> String {
         format!(
-            "round trip {:.0} µs, durable commit {:.0} µs (p90 {:.0})",
+            "round trip {} µs, durable commit {} µs (p90 {})",
             self.round_trip_us, self.commit_us, self.commit_p90_us
         )
     }
@@ -42,19 +42,14 @@ impl ServerFigures {
 /// Measures on a fresh database of its own, then drops it.
 pub(super) async fn measure(services: &Services) -> anyhow::Result<ServerFigures> {
     let url = services.database_url(DATABASE);
-    let pool = crate::demo::fresh_database(services, DATABASE, &url)
+    crate::demo::drop_database(services, DATABASE).await?;
+    ops::database::ensure_database(&url)
         .await
         .context("creating the database of the server's probe")?;
+    let pool = ops::database::connect(&url, "waybill-bench", 1).await?;
     let figures = probe(&pool).await;
     pool.close().await;
-    let admin =
-        ops::database::connect(&services.database_url("postgres"), "waybill-bench", 1).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS \"{DATABASE}\" WITH (FORCE)"
-    )))
-    .execute(&admin)
-    .await?;
-    admin.close().await;
+    crate::demo::drop_database(services, DATABASE).await?;
     figures
 }
 
@@ -79,15 +74,15 @@ async fn probe(pool: &PgPool) -> anyhow::Result<ServerFigures> {
             .await?;
         commits.push(micros(started.elapsed()));
     }
-    commits.sort_by(f64::total_cmp);
-    let p90 = commits[commits.len() * 9 / 10];
+    round_trips.sort_unstable();
+    commits.sort_unstable();
     Ok(ServerFigures {
-        round_trip_us: median(round_trips).round(),
-        commit_us: median(commits).round(),
-        commit_p90_us: p90.round(),
+        round_trip_us: quantile(&round_trips, 0.5),
+        commit_us: quantile(&commits, 0.5),
+        commit_p90_us: quantile(&commits, 0.9),
     })
 }
 
-fn micros(elapsed: Duration) -> f64 {
-    elapsed.as_secs_f64() * 1e6
+fn micros(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
 }

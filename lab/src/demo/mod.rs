@@ -235,15 +235,7 @@ async fn remove(
     js: &jetstream::Context,
     stream: &str,
 ) -> anyhow::Result<()> {
-    let admin =
-        ops::database::connect(&services.database_url("postgres"), "waybill-demo", 1).await?;
-    let dropped = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
-    )))
-    .execute(&admin)
-    .await;
-    admin.close().await;
-    dropped.with_context(|| format!("dropping the database {database}"))?;
+    drop_database(services, database).await?;
     js.delete_stream(stream)
         .await
         .with_context(|| format!("deleting the stream {stream}"))?;
@@ -416,23 +408,29 @@ pub(crate) async fn fresh_database(
     name: &str,
     url: &str,
 ) -> anyhow::Result<PgPool> {
+    drop_database(services, name).await?;
+    ops::database::ensure_database(url).await?;
+    let pool = ops::database::connect(url, "waybill-demo", 4).await?;
+    store::migrate(&pool).await?;
+    Ok(pool)
+}
+
+/// Drops the database `name` if it exists, ending its sessions.
+pub(crate) async fn drop_database(services: &Services, name: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
         !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
         "a database name here may only use letters, digits and '_'"
     );
     let admin =
         ops::database::connect(&services.database_url("postgres"), "waybill-demo", 1).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    let dropped = sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
     )))
     .execute(&admin)
-    .await
-    .with_context(|| format!("dropping the previous database {name}"))?;
+    .await;
     admin.close().await;
-    ops::database::ensure_database(url).await?;
-    let pool = ops::database::connect(url, "waybill-demo", 4).await?;
-    store::migrate(&pool).await?;
-    Ok(pool)
+    dropped.with_context(|| format!("dropping the database {name}"))?;
+    Ok(())
 }
 
 /// Appends an `order.placed` v1 (the legacy shape) through the store, as a migration from the old
