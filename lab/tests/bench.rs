@@ -82,6 +82,21 @@ fn the_bench_measures_every_part_and_reports_every_key() {
             "relay.{key} {drain} vs wall {wall}"
         );
     }
+    // Every relayed event is marked sent by an UPDATE, so every drain writes WAL; and each drain says
+    // whether a checkpoint ran beside it (this server shows both its counter and its last checkpoint).
+    let relay = &report["relay"];
+    for key in ["one", "two", "best"] {
+        let wal = relay["wal_bytes_per_event"][key].as_f64();
+        assert!(
+            wal.is_some_and(|bytes| bytes > 100.0),
+            "relay.wal_bytes_per_event.{key}: {relay}"
+        );
+        let rounds = relay["runs"][format!("checkpoint_{key}")].as_array();
+        assert!(
+            rounds.is_some_and(|r| !r.is_empty() && r.iter().all(serde_json::Value::is_boolean)),
+            "relay.runs.checkpoint_{key}: {relay}"
+        );
+    }
     let cpu = &report["relay"]["cpu_us"];
     let parts: f64 = ["relay", "postgres", "nats"]
         .iter()

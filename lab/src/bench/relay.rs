@@ -14,6 +14,7 @@ use store::outbox::fixtures;
 use testkit::stats::median;
 use uuid::Uuid;
 
+use super::server::ServerMark;
 use super::usage::{Sampler, Watched, nats_pids};
 use super::{Profile, Progress};
 use crate::demo::services::Services;
@@ -70,11 +71,15 @@ pub(super) struct RelayFigures {
     pub best_peak_rss_kib: u64,
     /// Every round's rate per mode.
     pub runs: Runs,
-    /// Medians of `one`, `two` and `best` timed from the processes' start to their exit.
-    pub wall: Wall,
+    /// Medians of `one`, `two` and `best` timed from the processes' start to their exit, events/s.
+    pub wall: Modes,
     /// Cores kept busy (by everything on the machine) during the one-, two- and three-relay drains,
     /// medians: how close each comes to the machine's ceiling.
     pub busy_cores: Busy,
+    /// WAL the server wrote per relayed event during the one-, two-relay and best drains, bytes
+    /// (medians): what a relay costs the server's WAL, and what `max_wal_size` must hold between
+    /// checkpoints at a given rate (docs/production.md).
+    pub wal_bytes_per_event: Modes,
     /// Events per drain, sent rows present, versions per hot aggregate.
     pub events: i64,
     /// Sent rows present during the drains (except `best_empty_table`).
@@ -99,6 +104,13 @@ pub(super) struct Runs {
     pub busy_cores_one: Vec<f64>,
     pub busy_cores_two: Vec<f64>,
     pub busy_cores_three: Vec<f64>,
+    /// Whether a checkpoint finished during each round's one-, two-, three-relay and
+    /// best drain (`null`: the server did not say). A drain beside a checkpoint's sync phase reads
+    /// low, so this says which rounds' rates to trust less.
+    pub checkpoint_one: Vec<Option<bool>>,
+    pub checkpoint_two: Vec<Option<bool>>,
+    pub checkpoint_three: Vec<Option<bool>>,
+    pub checkpoint_best: Vec<Option<bool>>,
 }
 
 /// Cores busy on the whole machine while relays drained, from the processes' start to their exit
@@ -110,9 +122,9 @@ pub(super) struct Busy {
     pub three: f64,
 }
 
-/// Rates from the processes' start to their exit, events/s (medians).
+/// One figure (a median) for each of the one-relay, two-relay and best drains.
 #[derive(Debug, Clone, Default, Serialize)]
-pub(super) struct Wall {
+pub(super) struct Modes {
     pub one: f64,
     pub two: f64,
     pub best: f64,
@@ -136,6 +148,10 @@ struct Drained {
     peak_rss_kib: u64,
     /// Cores busy on the whole machine from the processes' start to their exit.
     busy_cores: f64,
+    /// WAL the server wrote per event, from the processes' start to their exit.
+    wal_bytes_per_event: f64,
+    /// A checkpoint finished during the drain (`None`: the server did not say).
+    checkpoint: Option<bool>,
 }
 
 /// Runs every relay measurement.
@@ -172,6 +188,7 @@ pub(super) async fn measure(
     let mut runs = Runs::default();
     let mut wall = Runs::default();
     let (mut cpu_best, mut cpu_one, mut rss) = (Vec::new(), Vec::new(), Vec::new());
+    let mut wal = Runs::default();
     for round in 1..=profile.rounds {
         let fixture = Fixture {
             pool: &pool,
@@ -182,17 +199,24 @@ pub(super) async fn measure(
         let drained = fixture.drain(one_lane, events, 3).await?;
         runs.one.push(drained.rate);
         runs.busy_cores_one.push(drained.busy_cores);
+        runs.checkpoint_one.push(drained.checkpoint);
+        wal.one.push(drained.wal_bytes_per_event);
         wall.one.push(drained.wall_rate);
         cpu_one.push(drained.cpu);
         let drained = fixture.drain(two_one_lane, events, 3).await?;
         runs.two.push(drained.rate);
         runs.busy_cores_two.push(drained.busy_cores);
+        runs.checkpoint_two.push(drained.checkpoint);
+        wal.two.push(drained.wal_bytes_per_event);
         wall.two.push(drained.wall_rate);
         let drained = fixture.drain(three_one_lane, events, 3).await?;
         runs.three.push(drained.rate);
         runs.busy_cores_three.push(drained.busy_cores);
+        runs.checkpoint_three.push(drained.checkpoint);
         let drained = fixture.drain(best, events, 3).await?;
         runs.best.push(drained.rate);
+        runs.checkpoint_best.push(drained.checkpoint);
+        wal.best.push(drained.wal_bytes_per_event);
         wall.best.push(drained.wall_rate);
         runs.cpu_us_total.push(drained.cpu.total);
         cpu_best.push(drained.cpu);
@@ -260,7 +284,12 @@ pub(super) async fn measure(
             three: median(runs.busy_cores_three.clone()),
         },
         runs,
-        wall: Wall {
+        wal_bytes_per_event: Modes {
+            one: median(wal.one),
+            two: median(wal.two),
+            best: median(wal.best),
+        },
+        wall: Modes {
             one: median(wall.one),
             two: median(wall.two),
             best: median(wall.best),
@@ -444,6 +473,7 @@ impl Fixture<'_> {
         fixtures::analyze(self.pool).await?;
         let nats = nats_pids(self.nats_url);
         let relay = binary("waybill-relay")?;
+        let mark = ServerMark::take(self.pool).await?;
         let started = Instant::now();
         let ticks_at_start = testkit::stats::machine_cpu_ticks();
         let logs = tempfile::Builder::new()
@@ -505,6 +535,7 @@ impl Fixture<'_> {
             );
         }
         let elapsed = started.elapsed().as_secs_f64();
+        let server = ServerMark::take(self.pool).await?.since(&mark);
         let busy_cores = testkit::stats::busy_cores(
             ticks_at_start,
             testkit::stats::machine_cpu_ticks(),
@@ -532,6 +563,8 @@ impl Fixture<'_> {
             },
             peak_rss_kib: usage.get("relay").map_or(0, |u| u.peak_rss_kib),
             busy_cores,
+            wal_bytes_per_event: server.wal_bytes as f64 / events as f64,
+            checkpoint: server.checkpoint,
         })
     }
 

@@ -355,7 +355,18 @@ impl Report {
             let _ = writeln!(
                 out,
                 "  two relays / one, round by round: {}",
-                spread(&pairs)
+                beside_checkpoints(&pairs, &r.runs.checkpoint_one, &r.runs.checkpoint_two)
+            );
+            let _ = writeln!(
+                out,
+                "  drains beside a checkpoint: one relay {}, two {}, three {}, best {}; WAL per event: one {:.0} B, two {:.0} B, best {:.0} B",
+                overlapped(&r.runs.checkpoint_one),
+                overlapped(&r.runs.checkpoint_two),
+                overlapped(&r.runs.checkpoint_three),
+                overlapped(&r.runs.checkpoint_best),
+                r.wal_bytes_per_event.one,
+                r.wal_bytes_per_event.two,
+                r.wal_bytes_per_event.best
             );
             let _ = writeln!(
                 out,
@@ -517,6 +528,33 @@ impl Report {
 }
 
 /// `min–max` of a measurement's rounds (empty for one round).
+/// Each round's ratio, marked `(checkpoint)` where a checkpoint ran beside either of its drains:
+/// `1.31, 0.98 (checkpoint), 1.29`.
+fn beside_checkpoints(ratios: &[f64], one: &[Option<bool>], two: &[Option<bool>]) -> String {
+    ratios
+        .iter()
+        .enumerate()
+        .map(|(round, ratio)| {
+            let ran = |drains: &[Option<bool>]| drains.get(round).copied().flatten() == Some(true);
+            if ran(one) || ran(two) {
+                format!("{ratio:.2} (checkpoint)")
+            } else {
+                format!("{ratio:.2}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `1 of 3`, or `unknown` when the server did not say.
+fn overlapped(drains: &[Option<bool>]) -> String {
+    if drains.iter().any(Option::is_none) {
+        return "unknown".to_owned();
+    }
+    let ran = drains.iter().filter(|ran| **ran == Some(true)).count();
+    format!("{ran} of {}", drains.len())
+}
+
 pub(super) fn spread(values: &[f64]) -> String {
     if values.len() < 2 {
         return String::new();
@@ -593,4 +631,28 @@ pub(super) fn machine_line() -> String {
         m["speed"],
         m["memory_gib"]
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_beside_a_checkpoint_are_marked_and_counted() {
+        let (one, two) = (
+            [Some(false), Some(true), Some(false)],
+            [Some(false), Some(false), Some(true)],
+        );
+        assert_eq!(
+            beside_checkpoints(&[1.31, 0.98, 1.2], &one, &two),
+            "1.31, 0.98 (checkpoint), 1.20 (checkpoint)"
+        );
+        assert_eq!(overlapped(&one), "1 of 3");
+        assert_eq!(overlapped(&[Some(true), None]), "unknown", "not a guess");
+        assert_eq!(
+            beside_checkpoints(&[1.5], &[None], &[None]),
+            "1.50",
+            "nothing said, nothing marked"
+        );
+    }
 }

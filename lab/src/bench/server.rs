@@ -86,3 +86,79 @@ async fn probe(pool: &PgPool) -> anyhow::Result<ServerFigures> {
 fn micros(elapsed: Duration) -> u64 {
     u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
 }
+
+/// The server's WAL position and checkpoints at one moment, to tell what happened between two:
+/// how much WAL a drain wrote, and whether a checkpoint ran beside it. A checkpoint's sync phase
+/// stalls every writer on the server for a moment; on a machine whose `max_wal_size` is the
+/// default, one lands in a drain at random, and a rate measured across it reads low
+/// (docs/benchmarks.md, "A fourth machine").
+#[derive(Debug, Clone)]
+pub(super) struct ServerMark {
+    wal: i64,
+    /// Checkpoints counted so far by the statistics (PostgreSQL reports a checkpoint there when
+    /// it ends), when the server shows them.
+    counted: Option<i64>,
+    /// The last completed checkpoint, when the server shows it.
+    completed: Option<String>,
+}
+
+/// What the server did between two marks.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ServerActivity {
+    /// WAL written, bytes (by everything on the server).
+    pub wal_bytes: u64,
+    /// A checkpoint finished in between (its sync phase, the part that stalls writers, is at its
+    /// end); `None` when the server did not say.
+    pub checkpoint: Option<bool>,
+}
+
+impl ServerMark {
+    pub(super) async fn take(pool: &PgPool) -> anyhow::Result<Self> {
+        let wal: i64 =
+            sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::int8")
+                .fetch_one(pool)
+                .await
+                .context("reading the server's WAL position")?;
+        // The counter moved to its own view in PostgreSQL 17.
+        let mut counted = None;
+        for counter in [
+            "SELECT (checkpoints_timed + checkpoints_req)::int8 FROM pg_stat_bgwriter",
+            "SELECT (num_timed + num_requested)::int8 FROM pg_stat_checkpointer",
+        ] {
+            if let Ok(count) = sqlx::query_scalar::<_, i64>(counter).fetch_one(pool).await {
+                counted = Some(count);
+                break;
+            }
+        }
+        let completed = sqlx::query_scalar::<_, String>(
+            "SELECT checkpoint_lsn::text FROM pg_control_checkpoint()",
+        )
+        .fetch_one(pool)
+        .await
+        .ok();
+        Ok(Self {
+            wal,
+            counted,
+            completed,
+        })
+    }
+
+    /// What happened from `earlier` to this mark.
+    pub(super) fn since(&self, earlier: &Self) -> ServerActivity {
+        let counted = self
+            .counted
+            .zip(earlier.counted)
+            .map(|(now, then)| now > then);
+        let completed = match (&self.completed, &earlier.completed) {
+            (Some(now), Some(then)) => Some(now != then),
+            _ => None,
+        };
+        ServerActivity {
+            wal_bytes: u64::try_from(self.wal - earlier.wal).unwrap_or(0),
+            checkpoint: match (counted, completed) {
+                (None, None) => None,
+                (counted, completed) => Some(counted == Some(true) || completed == Some(true)),
+            },
+        }
+    }
+}
