@@ -15,6 +15,7 @@ mod relay;
 mod report;
 mod scaling;
 mod server;
+mod server_marks;
 mod sources;
 mod usage;
 mod writers;

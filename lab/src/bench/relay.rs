@@ -14,7 +14,7 @@ use store::outbox::fixtures;
 use testkit::stats::median;
 use uuid::Uuid;
 
-use super::server::ServerMark;
+use super::server_marks::ServerMark;
 use super::usage::{Sampler, Watched, nats_pids};
 use super::{Profile, Progress};
 use crate::demo::services::Services;
@@ -72,14 +72,14 @@ pub(super) struct RelayFigures {
     /// Every round's rate per mode.
     pub runs: Runs,
     /// Medians of `one`, `two` and `best` timed from the processes' start to their exit, events/s.
-    pub wall: Modes,
+    pub wall: PerMode,
     /// Cores kept busy (by everything on the machine) during the one-, two- and three-relay drains,
     /// medians: how close each comes to the machine's ceiling.
     pub busy_cores: Busy,
     /// WAL the server wrote per relayed event during the one-, two-relay and best drains, bytes
-    /// (medians): what a relay costs the server's WAL, and what `max_wal_size` must hold between
-    /// checkpoints at a given rate (docs/production.md).
-    pub wal_bytes_per_event: Modes,
+    /// (medians): the relay's share of an event's WAL (the command and the projections write the
+    /// rest; docs/production.md sizes `max_wal_size` from the whole pipeline's).
+    pub wal_bytes_per_event: PerMode,
     /// Events per drain, sent rows present, versions per hot aggregate.
     pub events: i64,
     /// Sent rows present during the drains (except `best_empty_table`).
@@ -104,9 +104,10 @@ pub(super) struct Runs {
     pub busy_cores_one: Vec<f64>,
     pub busy_cores_two: Vec<f64>,
     pub busy_cores_three: Vec<f64>,
-    /// Whether a checkpoint finished during each round's one-, two-, three-relay and
-    /// best drain (`null`: the server did not say). A drain beside a checkpoint's sync phase reads
-    /// low, so this says which rounds' rates to trust less.
+    /// Whether a checkpoint ended during each round's one-, two-, three-relay and best drain, from
+    /// the processes' start to their exit (`null`: the server did not say). A drain that a
+    /// checkpoint's closing `fsync`s fell into reads low, so this says which rounds' rates to
+    /// trust less.
     pub checkpoint_one: Vec<Option<bool>>,
     pub checkpoint_two: Vec<Option<bool>>,
     pub checkpoint_three: Vec<Option<bool>>,
@@ -124,7 +125,7 @@ pub(super) struct Busy {
 
 /// One figure (a median) for each of the one-relay, two-relay and best drains.
 #[derive(Debug, Clone, Default, Serialize)]
-pub(super) struct Modes {
+pub(super) struct PerMode {
     pub one: f64,
     pub two: f64,
     pub best: f64,
@@ -150,7 +151,7 @@ struct Drained {
     busy_cores: f64,
     /// WAL the server wrote per event, from the processes' start to their exit.
     wal_bytes_per_event: f64,
-    /// A checkpoint finished during the drain (`None`: the server did not say).
+    /// A checkpoint ended during the drain (`None`: the server did not say).
     checkpoint: Option<bool>,
 }
 
@@ -188,7 +189,7 @@ pub(super) async fn measure(
     let mut runs = Runs::default();
     let mut wall = Runs::default();
     let (mut cpu_best, mut cpu_one, mut rss) = (Vec::new(), Vec::new(), Vec::new());
-    let mut wal = Runs::default();
+    let mut wal_per_event = Runs::default();
     for round in 1..=profile.rounds {
         let fixture = Fixture {
             pool: &pool,
@@ -200,14 +201,14 @@ pub(super) async fn measure(
         runs.one.push(drained.rate);
         runs.busy_cores_one.push(drained.busy_cores);
         runs.checkpoint_one.push(drained.checkpoint);
-        wal.one.push(drained.wal_bytes_per_event);
+        wal_per_event.one.push(drained.wal_bytes_per_event);
         wall.one.push(drained.wall_rate);
         cpu_one.push(drained.cpu);
         let drained = fixture.drain(two_one_lane, events, 3).await?;
         runs.two.push(drained.rate);
         runs.busy_cores_two.push(drained.busy_cores);
         runs.checkpoint_two.push(drained.checkpoint);
-        wal.two.push(drained.wal_bytes_per_event);
+        wal_per_event.two.push(drained.wal_bytes_per_event);
         wall.two.push(drained.wall_rate);
         let drained = fixture.drain(three_one_lane, events, 3).await?;
         runs.three.push(drained.rate);
@@ -216,7 +217,7 @@ pub(super) async fn measure(
         let drained = fixture.drain(best, events, 3).await?;
         runs.best.push(drained.rate);
         runs.checkpoint_best.push(drained.checkpoint);
-        wal.best.push(drained.wal_bytes_per_event);
+        wal_per_event.best.push(drained.wal_bytes_per_event);
         wall.best.push(drained.wall_rate);
         runs.cpu_us_total.push(drained.cpu.total);
         cpu_best.push(drained.cpu);
@@ -284,12 +285,12 @@ pub(super) async fn measure(
             three: median(runs.busy_cores_three.clone()),
         },
         runs,
-        wal_bytes_per_event: Modes {
-            one: median(wal.one),
-            two: median(wal.two),
-            best: median(wal.best),
+        wal_bytes_per_event: PerMode {
+            one: median(wal_per_event.one),
+            two: median(wal_per_event.two),
+            best: median(wal_per_event.best),
         },
-        wall: Modes {
+        wall: PerMode {
             one: median(wall.one),
             two: median(wall.two),
             best: median(wall.best),
@@ -535,7 +536,7 @@ impl Fixture<'_> {
             );
         }
         let elapsed = started.elapsed().as_secs_f64();
-        let server = ServerMark::take(self.pool).await?.since(&mark);
+        let server = mark.until_now(self.pool).await?;
         let busy_cores = testkit::stats::busy_cores(
             ticks_at_start,
             testkit::stats::machine_cpu_ticks(),
@@ -564,7 +565,7 @@ impl Fixture<'_> {
             peak_rss_kib: usage.get("relay").map_or(0, |u| u.peak_rss_kib),
             busy_cores,
             wal_bytes_per_event: server.wal_bytes as f64 / events as f64,
-            checkpoint: server.checkpoint,
+            checkpoint: server.checkpoint_ended,
         })
     }
 

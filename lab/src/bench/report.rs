@@ -355,15 +355,15 @@ impl Report {
             let _ = writeln!(
                 out,
                 "  two relays / one, round by round: {}",
-                beside_checkpoints(&pairs, &r.runs.checkpoint_one, &r.runs.checkpoint_two)
+                with_checkpoints_marked(&pairs, &r.runs.checkpoint_one, &r.runs.checkpoint_two)
             );
             let _ = writeln!(
                 out,
-                "  drains beside a checkpoint: one relay {}, two {}, three {}, best {}; WAL per event: one {:.0} B, two {:.0} B, best {:.0} B",
-                overlapped(&r.runs.checkpoint_one),
-                overlapped(&r.runs.checkpoint_two),
-                overlapped(&r.runs.checkpoint_three),
-                overlapped(&r.runs.checkpoint_best),
+                "  drains a checkpoint ended in: one relay {}, two {}, three {}, best {}; WAL per event: one {:.0} B, two {:.0} B, best {:.0} B",
+                checkpoint_count(&r.runs.checkpoint_one),
+                checkpoint_count(&r.runs.checkpoint_two),
+                checkpoint_count(&r.runs.checkpoint_three),
+                checkpoint_count(&r.runs.checkpoint_best),
                 r.wal_bytes_per_event.one,
                 r.wal_bytes_per_event.two,
                 r.wal_bytes_per_event.best
@@ -527,10 +527,9 @@ impl Report {
     }
 }
 
-/// `min–max` of a measurement's rounds (empty for one round).
-/// Each round's ratio, marked `(checkpoint)` where a checkpoint ran beside either of its drains:
+/// Each round's ratio, marked `(checkpoint)` where a checkpoint ended during either of its drains:
 /// `1.31, 0.98 (checkpoint), 1.29`.
-fn beside_checkpoints(ratios: &[f64], one: &[Option<bool>], two: &[Option<bool>]) -> String {
+fn with_checkpoints_marked(ratios: &[f64], one: &[Option<bool>], two: &[Option<bool>]) -> String {
     ratios
         .iter()
         .enumerate()
@@ -546,8 +545,8 @@ fn beside_checkpoints(ratios: &[f64], one: &[Option<bool>], two: &[Option<bool>]
         .join(", ")
 }
 
-/// `1 of 3`, or `unknown` when the server did not say.
-fn overlapped(drains: &[Option<bool>]) -> String {
+/// How many drains a checkpoint ended in: `1 of 3`, or `unknown` when the server did not say.
+fn checkpoint_count(drains: &[Option<bool>]) -> String {
     if drains.iter().any(Option::is_none) {
         return "unknown".to_owned();
     }
@@ -555,6 +554,7 @@ fn overlapped(drains: &[Option<bool>]) -> String {
     format!("{ran} of {}", drains.len())
 }
 
+/// `min–max` of a measurement's rounds (empty for one round).
 pub(super) fn spread(values: &[f64]) -> String {
     if values.len() < 2 {
         return String::new();
@@ -638,19 +638,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rounds_beside_a_checkpoint_are_marked_and_counted() {
+    fn rounds_a_checkpoint_ended_in_are_marked_and_counted() {
         let (one, two) = (
             [Some(false), Some(true), Some(false)],
             [Some(false), Some(false), Some(true)],
         );
         assert_eq!(
-            beside_checkpoints(&[1.31, 0.98, 1.2], &one, &two),
+            with_checkpoints_marked(&[1.31, 0.98, 1.2], &one, &two),
             "1.31, 0.98 (checkpoint), 1.20 (checkpoint)"
         );
-        assert_eq!(overlapped(&one), "1 of 3");
-        assert_eq!(overlapped(&[Some(true), None]), "unknown", "not a guess");
+        assert_eq!(checkpoint_count(&one), "1 of 3");
         assert_eq!(
-            beside_checkpoints(&[1.5], &[None], &[None]),
+            checkpoint_count(&[Some(true), None]),
+            "unknown",
+            "not a guess"
+        );
+        assert_eq!(
+            with_checkpoints_marked(&[1.5], &[None], &[None]),
             "1.50",
             "nothing said, nothing marked"
         );
