@@ -185,6 +185,19 @@ fn the_bench_measures_every_part_and_reports_every_key() {
         "every event of two seconds at 100/s is measured: {}",
         report["e2e"]
     );
+    // Each step says what WAL the whole pipeline wrote per event (an order, its relay's mark and
+    // three projections' checkpoints: well over a kilobyte) and whether a checkpoint ended during it.
+    for step in std::iter::once(&report["e2e"])
+        .chain(report["pipeline"]["sweep"].as_array().into_iter().flatten())
+    {
+        assert!(
+            step["wal_bytes_per_event"]
+                .as_f64()
+                .is_some_and(|bytes| bytes > 1_000.0)
+                && step["checkpoint_ended"].is_boolean(),
+            "{step}"
+        );
+    }
     let figure = report["pipeline"]["events_per_s"]
         .as_u64()
         .expect("pipeline.events_per_s");

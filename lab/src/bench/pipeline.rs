@@ -23,6 +23,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use testkit::stats::median;
 
+use super::server_marks::ServerMark;
 use super::usage::{Sampler, Usage, Watched, nats_pids};
 use super::{Profile, Progress};
 use crate::demo::fleet::{Fleet, Wiring};
@@ -80,6 +81,13 @@ pub(super) struct LoadStep {
     pub drained: bool,
     /// At least 99.5 % accepted, none failed, drained within a second, p99 at most 100 ms.
     pub sustained: bool,
+    /// WAL the server wrote from the step's start until its events were applied everywhere, per
+    /// accepted command (one event each), bytes: the whole pipeline's — the command, the relay and
+    /// the three projections — which is what `max_wal_size` is sized from (docs/production.md).
+    pub wal_bytes_per_event: f64,
+    /// Whether a checkpoint ended during the step (its closing `fsync`s stall every writer for a
+    /// moment); in a median step, whether one ended in any round. `None`: the server did not say.
+    pub checkpoint_ended: Option<bool>,
     /// Each round's step, when this one is their median (every number the rounds' median).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rounds: Vec<LoadStep>,
@@ -136,6 +144,12 @@ impl LoadStep {
             // A majority of rounds drained.
             drained: rounds.iter().filter(|r| r.drained).count() * 2 > rounds.len(),
             sustained: false,
+            wal_bytes_per_event: of(|r| r.wal_bytes_per_event),
+            checkpoint_ended: rounds
+                .iter()
+                .map(|r| r.checkpoint_ended)
+                .collect::<Option<Vec<bool>>>()
+                .map(|ended| ended.contains(&true)),
             rounds: Vec::new(),
         };
         step.sustained = step.meets_sustained();
@@ -264,7 +278,7 @@ fn highest_sustained(sweep: &[LoadStep]) -> u64 {
 fn describe(what: &str, step: &LoadStep) -> String {
     format!(
         "{what} {} events/s offered: {:.0} accepted/s ({:.1} %), {} failed {:?}; commit to applied everywhere \
-         p50 {} ms, p95 {} ms, p99 {} ms (relayed p50 {} ms, p99 {} ms); {} waiting at the end, drained in {:.1} s{}",
+         p50 {} ms, p95 {} ms, p99 {} ms (relayed p50 {} ms, p99 {} ms); {} waiting at the end, drained in {:.1} s; WAL {:.1} KB per event{}{}",
         step.offered,
         step.achieved,
         step.accepted_ratio * 100.0,
@@ -277,6 +291,12 @@ fn describe(what: &str, step: &LoadStep) -> String {
         step.relayed_p99_ms,
         step.backlog_at_end,
         step.drain_seconds,
+        step.wal_bytes_per_event / 1000.0,
+        if step.checkpoint_ended == Some(true) {
+            ", a checkpoint ended during it"
+        } else {
+            ""
+        },
         if step.sustained {
             ""
         } else {
@@ -300,6 +320,7 @@ impl Load {
         let started_at: i64 = sqlx::query_scalar("SELECT coalesce(max(position), 0) FROM events")
             .fetch_one(&self.pool)
             .await?;
+        let mark = ServerMark::take(&self.pool).await?;
         let accepted = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
         let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
@@ -360,6 +381,7 @@ impl Load {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let drain_seconds = load_ended.elapsed().as_secs_f64();
+        let server = mark.until_now(&self.pool).await?;
         let latency = self.latency(started_at).await?;
         let accepted = accepted.load(Ordering::Relaxed);
         let achieved = accepted as f64 / offered_for.as_secs_f64();
@@ -384,6 +406,8 @@ impl Load {
             drain_seconds,
             drained,
             sustained: false,
+            wal_bytes_per_event: server.wal_bytes as f64 / accepted.max(1) as f64,
+            checkpoint_ended: server.checkpoint_ended,
             rounds: Vec::new(),
         };
         step.sustained = step.meets_sustained();
@@ -494,6 +518,8 @@ mod tests {
             drain_seconds: 0.2,
             drained: true,
             sustained: false,
+            wal_bytes_per_event: 5_000.0,
+            checkpoint_ended: Some(false),
             rounds: Vec::new(),
         };
         step.sustained = step.meets_sustained();
@@ -547,5 +573,27 @@ mod tests {
         .expect("three rounds");
         assert!(!slow.sustained);
         assert!(LoadStep::median_of(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn a_median_step_says_a_checkpoint_ended_when_one_did_in_any_round() {
+        let mut disturbed = step(1_000, 1.0, 60.0);
+        disturbed.checkpoint_ended = Some(true);
+        disturbed.wal_bytes_per_event = 9_000.0;
+        let rounds = vec![step(1_000, 1.0, 20.0), disturbed, step(1_000, 1.0, 25.0)];
+        let median = LoadStep::median_of(rounds.clone()).expect("three rounds");
+        assert_eq!(median.checkpoint_ended, Some(true));
+        assert!((median.wal_bytes_per_event - 5_000.0).abs() < 1e-9);
+        let mut unknown = rounds;
+        unknown[0].checkpoint_ended = None;
+        assert_eq!(
+            LoadStep::median_of(unknown)
+                .expect("three rounds")
+                .checkpoint_ended,
+            None,
+            "a round the server said nothing of leaves the median unknown"
+        );
+        let quiet = LoadStep::median_of(vec![step(1_000, 1.0, 20.0), step(1_000, 1.0, 21.0)]);
+        assert_eq!(quiet.expect("two rounds").checkpoint_ended, Some(false));
     }
 }

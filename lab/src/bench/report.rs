@@ -263,6 +263,8 @@ impl Report {
                 "p95_ms": e2e.p95_ms, "p99_ms": e2e.p99_ms, "max_ms": e2e.max_ms,
                 "samples": e2e.samples, "sustained": e2e.sustained,
                 "relayed_p50_ms": e2e.relayed_p50_ms, "relayed_p99_ms": e2e.relayed_p99_ms,
+                "wal_bytes_per_event": e2e.wal_bytes_per_event,
+                "checkpoint_ended": e2e.checkpoint_ended,
             });
             document["pipeline"] = json!({
                 "events_per_s": pipeline.events_per_s,
@@ -461,7 +463,7 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "  {:>8} {:>9} {:>8} {:>7} {:>7} {:>7} {:>13} {:>9} {:>7} {:>9}",
+                "  {:>8} {:>9} {:>8} {:>7} {:>7} {:>7} {:>13} {:>9} {:>7} {:>9} {:>10}",
                 "offered",
                 "accepted",
                 "accept%",
@@ -471,13 +473,14 @@ impl Report {
                 "p99 rounds",
                 "relay p99",
                 "drain s",
-                "sustained"
+                "sustained",
+                "WAL KB/ev"
             );
             for s in std::iter::once(&pl.e2e).chain(&pl.sweep) {
                 let p99s: Vec<f64> = s.rounds.iter().map(|r| r.p99_ms).collect();
                 let _ = writeln!(
                     out,
-                    "  {:>8} {:>9.0} {:>8.2} {:>7.1} {:>7.1} {:>7.1} {:>13} {:>9.1} {:>7.1} {:>9}",
+                    "  {:>8} {:>9.0} {:>8.2} {:>7.1} {:>7.1} {:>7.1} {:>13} {:>9.1} {:>7.1} {:>9} {:>10}",
                     s.offered,
                     s.achieved,
                     s.accepted_ratio * 100.0,
@@ -487,14 +490,24 @@ impl Report {
                     spread(&p99s),
                     s.relayed_p99_ms,
                     s.drain_seconds,
-                    if s.sustained { "yes" } else { "no" }
+                    if s.sustained { "yes" } else { "no" },
+                    format!(
+                        "{:.1}{}",
+                        s.wal_bytes_per_event / 1000.0,
+                        if s.checkpoint_ended == Some(true) {
+                            " *"
+                        } else {
+                            ""
+                        }
+                    )
                 );
             }
             let _ = writeln!(
                 out,
                 "  highest rate with every step up to it sustained: {} events/s (first row: the steady \
                  measurement; each row the median of its rounds; sustained: ≥ 99.5 % accepted, none \
-                 failed, drained within 1 s, p99 ≤ 100 ms)",
+                 failed, drained within 1 s, p99 ≤ 100 ms; WAL: what the server wrote per event, * \
+                 where a checkpoint ended during a round of the step)",
                 pl.events_per_s
             );
             let _ = writeln!(out, "  per process: peak RSS, CPU seconds");
