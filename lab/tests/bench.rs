@@ -54,6 +54,9 @@ fn the_bench_measures_every_part_and_reports_every_key() {
     }
     assert!(
         report["machine"]["speed"].as_f64().is_some_and(|s| s > 0.0)
+            && report["machine"]["wakeup_us"]
+                .as_f64()
+                .is_some_and(|us| us > 0.0)
             && report["machine"]["cpu"]
                 .as_str()
                 .is_some_and(|c| !c.is_empty()),
@@ -195,6 +198,18 @@ fn the_bench_measures_every_part_and_reports_every_key() {
                 .as_f64()
                 .is_some_and(|bytes| bytes > 1_000.0)
                 && step["checkpoint_ended"].is_boolean(),
+            "{step}"
+        );
+        // And how busy the machine's cores were meanwhile, and that time per event: something
+        // worked (the pipeline's processes at the least), and no more than every core.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        assert!(
+            step["busy_cores"]
+                .as_f64()
+                .is_some_and(|busy| busy > 0.0 && busy <= cores + 0.01)
+                && step["machine_cpu_us_per_event"]
+                    .as_f64()
+                    .is_some_and(|us| us > 0.0),
             "{step}"
         );
     }

@@ -79,10 +79,15 @@ pub fn render(document: &Value, path: &Path) -> Result<String, XtaskError> {
 }
 
 /// ` (Intel(R) Xeon(R) Processor, speed 180.2)` when the run recorded its CPU and its single-core
-/// speed (runs before they were recorded have neither).
+/// speed (runs before they were recorded have neither), with `, wake-up 56.4 µs` when it measured
+/// that too (runs before 2026-12-07 did not).
 fn machine_speed(machine: &Value) -> String {
+    let wakeup = machine["wakeup_us"]
+        .as_f64()
+        .filter(|us| *us > 0.0)
+        .map_or(String::new(), |us| format!(", wake-up {us} µs"));
     match (machine["cpu"].as_str(), machine["speed"].as_f64()) {
-        (Some(cpu), Some(speed)) => format!(" ({cpu}, speed {speed})"),
+        (Some(cpu), Some(speed)) => format!(" ({cpu}, speed {speed}{wakeup})"),
         _ => String::new(),
     }
 }
@@ -244,6 +249,13 @@ mod tests {
         let table = render(&document, Path::new("bench.json")).expect("a bench document");
         assert!(
             table.contains("release build, 2 cores (Some CPU, speed 194.9), run"),
+            "{table}"
+        );
+        let mut measured = document;
+        measured["machine"]["wakeup_us"] = json!(56.4);
+        let table = render(&measured, Path::new("bench.json")).expect("a bench document");
+        assert!(
+            table.contains("2 cores (Some CPU, speed 194.9, wake-up 56.4 µs), run"),
             "{table}"
         );
     }

@@ -21,7 +21,7 @@ use anyhow::Context;
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
-use testkit::stats::median;
+use testkit::stats::{busy_cores, machine_cpu_ticks, median};
 
 use super::server_marks::ServerMark;
 use super::usage::{Sampler, Usage, Watched, nats_pids};
@@ -88,6 +88,15 @@ pub(super) struct LoadStep {
     /// Whether a checkpoint ended during the step (its closing `fsync`s stall every writer for a
     /// moment); in a median step, whether one ended in any round. `None`: the server did not say.
     pub checkpoint_ended: Option<bool>,
+    /// The machine's cores busy over the same window as the WAL (from `/proc/stat`: every process
+    /// on the machine, the load generator included), of `std::thread::available_parallelism`. Near
+    /// the core count, every round trip of the pipeline waits for a core and the latency is
+    /// queueing, whatever the code's timers. `None`: `/proc/stat` could not be read.
+    pub busy_cores: Option<f64>,
+    /// The same CPU time per accepted command, µs: what one event costs the whole machine from the
+    /// order's request to its last checkpoint. The same code costs more on a host whose wake-ups and
+    /// system calls are slower (docs/benchmarks.md); this is the figure that tells hosts apart.
+    pub machine_cpu_us_per_event: Option<f64>,
     /// Each round's step, when this one is their median (every number the rounds' median).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rounds: Vec<LoadStep>,
@@ -150,6 +159,10 @@ impl LoadStep {
                 .map(|r| r.checkpoint_ended)
                 .collect::<Option<Vec<bool>>>()
                 .map(|ended| ended.contains(&true)),
+            busy_cores: median_known(rounds.iter().map(|r| r.busy_cores)),
+            machine_cpu_us_per_event: median_known(
+                rounds.iter().map(|r| r.machine_cpu_us_per_event),
+            ),
             rounds: Vec::new(),
         };
         step.sustained = step.meets_sustained();
@@ -258,6 +271,11 @@ pub(super) async fn measure(
     })
 }
 
+/// The median of values every round measured; `None` when any round could not.
+fn median_known(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    values.collect::<Option<Vec<f64>>>().map(median)
+}
+
 /// The median of whole numbers (the upper one of an even count, as [`median`] takes); the default for
 /// none.
 fn middle<T: Ord + Copy + Default>(mut values: Vec<T>) -> T {
@@ -321,6 +339,7 @@ impl Load {
             .fetch_one(&self.pool)
             .await?;
         let mark = ServerMark::take(&self.pool).await?;
+        let (ticks_at_start, window) = (machine_cpu_ticks(), Instant::now());
         let accepted = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
         let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
@@ -382,6 +401,12 @@ impl Load {
         }
         let drain_seconds = load_ended.elapsed().as_secs_f64();
         let server = mark.until_now(&self.pool).await?;
+        let busy_cores = busy_cores(
+            ticks_at_start,
+            machine_cpu_ticks(),
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        );
+        let window = window.elapsed().as_secs_f64();
         let latency = self.latency(started_at).await?;
         let accepted = accepted.load(Ordering::Relaxed);
         let achieved = accepted as f64 / offered_for.as_secs_f64();
@@ -408,6 +433,9 @@ impl Load {
             sustained: false,
             wal_bytes_per_event: server.wal_bytes as f64 / accepted.max(1) as f64,
             checkpoint_ended: server.checkpoint_ended,
+            busy_cores,
+            machine_cpu_us_per_event: busy_cores
+                .map(|cores| cores * window * 1e6 / accepted.max(1) as f64),
             rounds: Vec::new(),
         };
         step.sustained = step.meets_sustained();
@@ -520,6 +548,8 @@ mod tests {
             sustained: false,
             wal_bytes_per_event: 5_000.0,
             checkpoint_ended: Some(false),
+            busy_cores: Some(1.0),
+            machine_cpu_us_per_event: Some(1_000.0),
             rounds: Vec::new(),
         };
         step.sustained = step.meets_sustained();
@@ -595,5 +625,24 @@ mod tests {
         );
         let quiet = LoadStep::median_of(vec![step(1_000, 1.0, 20.0), step(1_000, 1.0, 21.0)]);
         assert_eq!(quiet.expect("two rounds").checkpoint_ended, Some(false));
+    }
+
+    #[test]
+    fn a_median_step_takes_the_rounds_median_busy_cores_unless_a_round_could_not_read_them() {
+        let busy = |cores: f64, us: f64| {
+            let mut step = step(1_000, 1.0, 20.0);
+            step.busy_cores = Some(cores);
+            step.machine_cpu_us_per_event = Some(us);
+            step
+        };
+        let rounds = vec![busy(1.9, 1_800.0), busy(1.2, 1_100.0), busy(1.5, 1_400.0)];
+        let median = LoadStep::median_of(rounds.clone()).expect("three rounds");
+        assert_eq!(median.busy_cores, Some(1.5));
+        assert_eq!(median.machine_cpu_us_per_event, Some(1_400.0));
+        let mut blind = rounds;
+        blind[2].busy_cores = None;
+        let median = LoadStep::median_of(blind).expect("three rounds");
+        assert_eq!(median.busy_cores, None, "no median of two out of three");
+        assert_eq!(median.machine_cpu_us_per_event, Some(1_400.0));
     }
 }

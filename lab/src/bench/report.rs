@@ -265,6 +265,8 @@ impl Report {
                 "relayed_p50_ms": e2e.relayed_p50_ms, "relayed_p99_ms": e2e.relayed_p99_ms,
                 "wal_bytes_per_event": e2e.wal_bytes_per_event,
                 "checkpoint_ended": e2e.checkpoint_ended,
+                "busy_cores": e2e.busy_cores,
+                "machine_cpu_us_per_event": e2e.machine_cpu_us_per_event,
             });
             document["pipeline"] = json!({
                 "events_per_s": pipeline.events_per_s,
@@ -463,7 +465,7 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "  {:>8} {:>9} {:>8} {:>7} {:>7} {:>7} {:>13} {:>9} {:>7} {:>9} {:>10}",
+                "  {:>8} {:>9} {:>8} {:>7} {:>7} {:>7} {:>13} {:>9} {:>7} {:>9} {:>10} {:>6} {:>9}",
                 "offered",
                 "accepted",
                 "accept%",
@@ -474,13 +476,15 @@ impl Report {
                 "relay p99",
                 "drain s",
                 "sustained",
-                "WAL KB/ev"
+                "WAL KB/ev",
+                "busy",
+                "CPU µs/ev"
             );
             for s in std::iter::once(&pl.e2e).chain(&pl.sweep) {
                 let p99s: Vec<f64> = s.rounds.iter().map(|r| r.p99_ms).collect();
                 let _ = writeln!(
                     out,
-                    "  {:>8} {:>9.0} {:>8.2} {:>7.1} {:>7.1} {:>7.1} {:>13} {:>9.1} {:>7.1} {:>9} {:>10}",
+                    "  {:>8} {:>9.0} {:>8.2} {:>7.1} {:>7.1} {:>7.1} {:>13} {:>9.1} {:>7.1} {:>9} {:>10} {:>6} {:>9}",
                     s.offered,
                     s.achieved,
                     s.accepted_ratio * 100.0,
@@ -499,7 +503,10 @@ impl Report {
                         } else {
                             ""
                         }
-                    )
+                    ),
+                    s.busy_cores.map_or("?".to_owned(), |c| format!("{c:.2}")),
+                    s.machine_cpu_us_per_event
+                        .map_or("?".to_owned(), |us| format!("{us:.0}"))
                 );
             }
             let _ = writeln!(
@@ -507,8 +514,11 @@ impl Report {
                 "  highest rate with every step up to it sustained: {} events/s (first row: the steady \
                  measurement; each row the median of its rounds; sustained: ≥ 99.5 % accepted, none \
                  failed, drained within 1 s, p99 ≤ 100 ms; WAL: what the server wrote per event, * \
-                 where a checkpoint ended during a round of the step)",
-                pl.events_per_s
+                 where a checkpoint ended during a round of the step; busy: the machine's cores busy \
+                 during the step, of {}, everything on it counted, the load generator too; CPU µs/ev: \
+                 that time per event)",
+                pl.events_per_s,
+                machine()["cores"]
             );
             let _ = writeln!(out, "  per process: peak RSS, CPU seconds");
             for (name, usage) in &pl.processes {
@@ -578,8 +588,9 @@ pub(super) fn spread(values: &[f64]) -> String {
     format!("{min:.digits$}–{max:.digits$}")
 }
 
-/// Cores, memory, CPU model and single-core speed of this machine, as the figures depend on them:
-/// two runs on machines of the same size but different speed are told apart by `speed`.
+/// Cores, memory, CPU model, single-core speed and cross-thread wake-up time of this machine, as the
+/// figures depend on them: two runs on machines of the same size but different speed are told apart
+/// by `speed` and `wakeup_us`.
 pub(super) fn machine() -> Value {
     static MACHINE: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
     MACHINE
@@ -602,6 +613,7 @@ pub(super) fn machine() -> Value {
                 "memory_gib": (memory_kib as f64 / 1048576.0).round(),
                 "cpu": cpu,
                 "speed": single_core_speed(),
+                "wakeup_us": wakeup_round_trip_us(),
             })
         })
         .clone()
@@ -634,14 +646,58 @@ fn single_core_speed() -> f64 {
     (testkit::stats::median(trials) * 10.0).round() / 10.0
 }
 
-/// `2 cores (Intel(R) Xeon(R) Processor, speed 180.2), 24 GiB`.
+/// Two threads passing one byte back and forth over a socket pair, in µs per round trip: the median
+/// of five trials of 2,000. Each way wakes a thread that sleeps in `read`, most often on the other
+/// core — what every hop of the pipeline pays (a round trip to PostgreSQL or NATS, a task woken on
+/// another worker). Measured because the CPU yardstick does not see it: on virtual machines a
+/// wake-up across cores goes through the hypervisor, and one machine here took 56 µs where the same
+/// round trip pinned to one core took 9 (`perf bench sched pipe`), which made every figure that
+/// crosses processes slower and costlier whatever its speed. `0.0` when the probe could not run.
+fn wakeup_round_trip_us() -> f64 {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    const ROUND_TRIPS: u32 = 2_000;
+    let Ok((mut here, mut there)) = UnixStream::pair() else {
+        return 0.0;
+    };
+    let echo = std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        while there.read_exact(&mut byte).is_ok() {
+            if there.write_all(&byte).is_err() {
+                break;
+            }
+        }
+    });
+    let mut trials = Vec::new();
+    let mut byte = [7u8; 1];
+    'trials: for _ in 0..5 {
+        let started = Instant::now();
+        for _ in 0..ROUND_TRIPS {
+            if here.write_all(&byte).is_err() || here.read_exact(&mut byte).is_err() {
+                break 'trials;
+            }
+        }
+        trials.push(started.elapsed().as_secs_f64() * 1e6 / f64::from(ROUND_TRIPS));
+    }
+    // Closing our end ends the echo thread's read.
+    drop(here);
+    let _ = echo.join();
+    if trials.is_empty() {
+        return 0.0;
+    }
+    (testkit::stats::median(trials) * 10.0).round() / 10.0
+}
+
+/// `2 cores (Intel(R) Xeon(R) Processor, speed 180.2, wake-up 9.5 µs), 24 GiB`.
 pub(super) fn machine_line() -> String {
     let m = machine();
     format!(
-        "{} cores ({}, speed {}), {} GiB",
+        "{} cores ({}, speed {}, wake-up {} µs), {} GiB",
         m["cores"],
         m["cpu"].as_str().unwrap_or("unknown"),
         m["speed"],
+        m["wakeup_us"],
         m["memory_gib"]
     )
 }
