@@ -72,8 +72,9 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
-/// The machine's CPU time since boot, in clock ticks: `(busy, total)` summed over every core, from
-/// `/proc/stat`'s first line (busy is everything but idle and iowait).
+/// The machine's CPU time since boot, in clock ticks: `(busy, total)` summed over every CPU, from
+/// `/proc/stat`'s first line. Busy is everything but idle, iowait and steal: steal is time a virtual
+/// CPU wanted to run and its host ran something else, no work done here.
 pub fn machine_cpu_ticks() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
@@ -84,13 +85,30 @@ pub fn machine_cpu_ticks() -> Option<(u64, u64)> {
         .collect::<Result<_, _>>()
         .ok()?;
     let total: u64 = ticks.iter().sum();
-    // Fields 4 and 5 are idle and iowait; guest time is already counted in user.
-    let idle = ticks.get(3)? + ticks.get(4).unwrap_or(&0);
+    // Fields 4, 5 and 8 are idle, iowait and steal; guest time is already counted in user.
+    let idle = ticks.get(3)? + ticks.get(4).unwrap_or(&0) + ticks.get(7).unwrap_or(&0);
     Some((total - idle, total))
 }
 
+/// How many CPUs `/proc/stat` counts (its `cpuN` lines; 1 when it cannot be read): what
+/// [`machine_cpu_ticks`] sums over, which may be more than this process may use (a cpuset, a
+/// container's quota).
+pub fn machine_cpus() -> usize {
+    std::fs::read_to_string("/proc/stat")
+        .map(|stat| {
+            stat.lines()
+                .filter(|l| {
+                    l.strip_prefix("cpu")
+                        .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+        .max(1)
+}
+
 /// Cores kept busy between two [`machine_cpu_ticks`] readings (by anything on the machine), out of
-/// `cores`; `None` when either reading failed or no time passed.
+/// `cores`, which should be [`machine_cpus`]; `None` when either reading failed or no time passed.
 pub fn busy_cores(start: Option<(u64, u64)>, end: Option<(u64, u64)>, cores: usize) -> Option<f64> {
     let ((busy0, total0), (busy1, total1)) = (start?, end?);
     let total = total1.checked_sub(total0).filter(|t| *t > 0)?;
@@ -143,7 +161,7 @@ mod tests {
 
     #[test]
     fn a_spinning_thread_keeps_at_least_part_of_a_core_busy() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = machine_cpus();
         let start = machine_cpu_ticks();
         assert!(start.is_some(), "no machine CPU reading");
         let until = std::time::Instant::now() + std::time::Duration::from_millis(300);

@@ -21,7 +21,7 @@ use anyhow::Context;
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
-use testkit::stats::{busy_cores, machine_cpu_ticks, median};
+use testkit::stats::{busy_cores, machine_cpu_ticks, machine_cpus, median};
 
 use super::server_marks::ServerMark;
 use super::usage::{Sampler, Usage, Watched, nats_pids};
@@ -88,14 +88,16 @@ pub(super) struct LoadStep {
     /// Whether a checkpoint ended during the step (its closing `fsync`s stall every writer for a
     /// moment); in a median step, whether one ended in any round. `None`: the server did not say.
     pub checkpoint_ended: Option<bool>,
-    /// The machine's cores busy over the same window as the WAL (from `/proc/stat`: every process
-    /// on the machine, the load generator included), of `std::thread::available_parallelism`. Near
-    /// the core count, every round trip of the pipeline waits for a core and the latency is
-    /// queueing, whatever the code's timers. `None`: `/proc/stat` could not be read.
+    /// The machine's cores busy over the same window as the WAL, of the CPUs `/proc/stat` counts:
+    /// every process on the machine, the load generator and the step's own polling for its backlog
+    /// included (the window ends at the poll that found it drained, up to 100 ms late); steal time
+    /// left out. Near the core count, every round trip of the pipeline waits for a core and the
+    /// latency is queueing, whatever the code's timers. `None`: `/proc/stat` could not be read.
     pub busy_cores: Option<f64>,
     /// The same CPU time per accepted command, µs: what one event costs the whole machine from the
-    /// order's request to its last checkpoint. The same code costs more on a host whose wake-ups and
-    /// system calls are slower (docs/benchmarks.md); this is the figure that tells hosts apart.
+    /// order's request to its last checkpoint (when the step did not drain, its unapplied events'
+    /// share too). The same code costs more on a host whose wake-ups are slower
+    /// (docs/benchmarks.md).
     pub machine_cpu_us_per_event: Option<f64>,
     /// Each round's step, when this one is their median (every number the rounds' median).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -339,7 +341,7 @@ impl Load {
             .fetch_one(&self.pool)
             .await?;
         let mark = ServerMark::take(&self.pool).await?;
-        let (ticks_at_start, window) = (machine_cpu_ticks(), Instant::now());
+        let (ticks_at_start, window_started) = (machine_cpu_ticks(), Instant::now());
         let accepted = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
         let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
@@ -401,12 +403,8 @@ impl Load {
         }
         let drain_seconds = load_ended.elapsed().as_secs_f64();
         let server = mark.until_now(&self.pool).await?;
-        let busy_cores = busy_cores(
-            ticks_at_start,
-            machine_cpu_ticks(),
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-        );
-        let window = window.elapsed().as_secs_f64();
+        let busy = busy_cores(ticks_at_start, machine_cpu_ticks(), machine_cpus());
+        let window = window_started.elapsed().as_secs_f64();
         let latency = self.latency(started_at).await?;
         let accepted = accepted.load(Ordering::Relaxed);
         let achieved = accepted as f64 / offered_for.as_secs_f64();
@@ -433,8 +431,8 @@ impl Load {
             sustained: false,
             wal_bytes_per_event: server.wal_bytes as f64 / accepted.max(1) as f64,
             checkpoint_ended: server.checkpoint_ended,
-            busy_cores,
-            machine_cpu_us_per_event: busy_cores
+            busy_cores: busy,
+            machine_cpu_us_per_event: busy
                 .map(|cores| cores * window * 1e6 / accepted.max(1) as f64),
             rounds: Vec::new(),
         };
@@ -639,10 +637,12 @@ mod tests {
         let median = LoadStep::median_of(rounds.clone()).expect("three rounds");
         assert_eq!(median.busy_cores, Some(1.5));
         assert_eq!(median.machine_cpu_us_per_event, Some(1_400.0));
+        // A round that could not read `/proc/stat` has neither figure.
         let mut blind = rounds;
         blind[2].busy_cores = None;
+        blind[2].machine_cpu_us_per_event = None;
         let median = LoadStep::median_of(blind).expect("three rounds");
         assert_eq!(median.busy_cores, None, "no median of two out of three");
-        assert_eq!(median.machine_cpu_us_per_event, Some(1_400.0));
+        assert_eq!(median.machine_cpu_us_per_event, None);
     }
 }

@@ -540,7 +540,7 @@ impl Fixture<'_> {
         let busy_cores = testkit::stats::busy_cores(
             ticks_at_start,
             testkit::stats::machine_cpu_ticks(),
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            testkit::stats::machine_cpus(),
         )
         .unwrap_or(0.0);
         let usage = sampler.finish().await;

@@ -375,7 +375,7 @@ impl Report {
             let _ = writeln!(
                 out,
                 "  cores busy on the machine (of {}): one relay {:.2}, two {:.2}, three {:.2}",
-                machine()["cores"],
+                testkit::stats::machine_cpus(),
                 r.busy_cores.one,
                 r.busy_cores.two,
                 r.busy_cores.three
@@ -518,7 +518,7 @@ impl Report {
                  during the step, of {}, everything on it counted, the load generator too; CPU µs/ev: \
                  that time per event)",
                 pl.events_per_s,
-                machine()["cores"]
+                testkit::stats::machine_cpus()
             );
             let _ = writeln!(out, "  per process: peak RSS, CPU seconds");
             for (name, usage) in &pl.processes {
@@ -647,12 +647,12 @@ fn single_core_speed() -> f64 {
 }
 
 /// Two threads passing one byte back and forth over a socket pair, in µs per round trip: the median
-/// of five trials of 2,000. Each way wakes a thread that sleeps in `read`, most often on the other
-/// core — what every hop of the pipeline pays (a round trip to PostgreSQL or NATS, a task woken on
-/// another worker). Measured because the CPU yardstick does not see it: on virtual machines a
-/// wake-up across cores goes through the hypervisor, and one machine here took 56 µs where the same
-/// round trip pinned to one core took 9 (`perf bench sched pipe`), which made every figure that
-/// crosses processes slower and costlier whatever its speed. `0.0` when the probe could not run.
+/// of five trials of 2,000 (about half a second on a slow host). Each way wakes a thread that sleeps
+/// in `read`, wherever the scheduler puts it (not pinned: often on the other core) — what every hop
+/// of the pipeline pays (a round trip to PostgreSQL or NATS, a task woken on another worker).
+/// Measured because the CPU yardstick does not see it: on virtual machines a wake-up across cores
+/// may go through the hypervisor, and one machine here took 56 µs where the same round trip pinned
+/// to one core took 9 (`perf bench sched pipe`). `0.0` when the probe could not run.
 fn wakeup_round_trip_us() -> f64 {
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
@@ -661,14 +661,19 @@ fn wakeup_round_trip_us() -> f64 {
     let Ok((mut here, mut there)) = UnixStream::pair() else {
         return 0.0;
     };
-    let echo = std::thread::spawn(move || {
-        let mut byte = [0u8; 1];
-        while there.read_exact(&mut byte).is_ok() {
-            if there.write_all(&byte).is_err() {
-                break;
+    let echo = std::thread::Builder::new()
+        .name("wake-up probe".into())
+        .spawn(move || {
+            let mut byte = [0u8; 1];
+            while there.read_exact(&mut byte).is_ok() {
+                if there.write_all(&byte).is_err() {
+                    break;
+                }
             }
-        }
-    });
+        });
+    let Ok(echo) = echo else {
+        return 0.0;
+    };
     let mut trials = Vec::new();
     let mut byte = [7u8; 1];
     'trials: for _ in 0..5 {
@@ -692,12 +697,15 @@ fn wakeup_round_trip_us() -> f64 {
 /// `2 cores (Intel(R) Xeon(R) Processor, speed 180.2, wake-up 9.5 µs), 24 GiB`.
 pub(super) fn machine_line() -> String {
     let m = machine();
+    let wakeup = match m["wakeup_us"].as_f64() {
+        Some(us) if us > 0.0 => format!("{us}"),
+        _ => "?".to_owned(),
+    };
     format!(
-        "{} cores ({}, speed {}, wake-up {} µs), {} GiB",
+        "{} cores ({}, speed {}, wake-up {wakeup} µs), {} GiB",
         m["cores"],
         m["cpu"].as_str().unwrap_or("unknown"),
         m["speed"],
-        m["wakeup_us"],
         m["memory_gib"]
     )
 }
