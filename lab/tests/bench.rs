@@ -241,6 +241,7 @@ fn the_bench_measures_every_part_and_reports_every_key() {
         "waybill-relay",
         "waybill-inventory",
         "postgres",
+        "load generator",
     ] {
         let usage = &report["processes"][process];
         assert!(

@@ -204,7 +204,20 @@ pub(super) async fn measure(
         // part of it (each one adds its own statements per batch; docs/benchmarks.md).
         read_models: false,
     };
-    let pool = crate::demo::fresh_database(services, DATABASE, &wiring.database_url).await?;
+    crate::demo::fresh_database(services, DATABASE, &wiring.database_url)
+        .await?
+        .close()
+        .await;
+    // The bench's own statements (the backlog polled while a step drains, the latency join) are
+    // estimated above PostgreSQL's JIT threshold on a step's events, and compiling them took CPU
+    // from the pipeline under measurement on every poll (`perf`: LLVM in these sessions only).
+    let pool = ops::database::connect_with(
+        &wiring.database_url,
+        "waybill-bench",
+        4,
+        &[("jit", "off".to_owned())],
+    )
+    .await?;
     let js = super::fresh_stream(&wiring.nats_url, STREAM, PREFIX).await?;
     let mut fleet = Fleet::start(true, wiring).await?;
     fleet.start_relay().await?;
@@ -217,6 +230,12 @@ pub(super) async fn measure(
     watched.push((
         "nats-server".into(),
         Watched::Pids(nats_pids(&services.nats_url)),
+    ));
+    // This process: the load it offers, the sampling and the measuring statements' client side. On
+    // a small machine it competes with the pipeline for the same cores, so its cost is shown too.
+    watched.push((
+        "load generator".into(),
+        Watched::Pids(vec![std::process::id()]),
     ));
     let sampler = Sampler::start(pool.clone(), watched);
     let load = Load {

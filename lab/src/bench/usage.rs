@@ -1,5 +1,5 @@
 //! What processes cost while a measurement runs: peak resident memory and CPU seconds, sampled from
-//! `/proc` every 50 ms. Processes that come and go (PostgreSQL backends, relays that exit) keep their
+//! `/proc/<pid>/stat` every 50 ms (one read per process for both). Processes that come and go (PostgreSQL backends, relays that exit) keep their
 //! last reading, so work done just before an exit still counts.
 
 use std::collections::HashMap;
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::PgPool;
-use testkit::stats::{cpu_seconds, resident_kib};
+use testkit::stats::process_reading;
 use tokio::task::JoinHandle;
 
 /// What one process (or group of processes) used during a measurement.
@@ -72,9 +72,10 @@ impl Sampler {
                             }
                         };
                         for pid in pids {
-                            let Some(cpu) = cpu_seconds(pid) else {
+                            let Some(reading) = process_reading(pid) else {
                                 continue;
                             };
+                            let cpu = reading.cpu_seconds;
                             let readings = seen.entry(name.clone()).or_default();
                             readings
                                 .entry(pid)
@@ -84,7 +85,7 @@ impl Sampler {
                                 .and_modify(|r| r.1 = cpu)
                                 .or_insert((cpu, cpu));
                             let peak = peaks.entry(name.clone()).or_default();
-                            *peak = (*peak).max(resident_kib(Some(pid)));
+                            *peak = (*peak).max(reading.resident_kib);
                         }
                     }
                     tick += 1;
