@@ -235,9 +235,17 @@ struct RunArgs {
     #[arg(long, env = "WAYBILL_RELAY_SOURCE", value_enum, default_value_t = Source::Poll)]
     source: Source,
 
-    /// With --source wal: the replication slot (made when missing).
+    /// With --source wal: the replication slot (made when missing). With polling: the slot whose
+    /// reader this relay stands by for — while a WAL relay reads it, this relay claims nothing
+    /// (it would only publish every event a second time), and it claims again within a second of
+    /// that relay's session ending, so polling relays are the WAL relay's standbys.
     #[arg(long, env = "WAYBILL_WAL_SLOT", default_value = crate::wal::slot::DEFAULT_SLOT)]
     slot: String,
+
+    /// With polling: claim even while a WAL relay reads --slot (both then publish every event; the
+    /// copies are deduplicated).
+    #[arg(long)]
+    ignore_slot: bool,
 
     /// With --source wal: the publication of the outbox's inserts (migration 0005 makes it).
     #[arg(long, env = "WAYBILL_WAL_PUBLICATION", default_value = crate::wal::slot::DEFAULT_PUBLICATION)]
@@ -467,6 +475,10 @@ async fn relay_run(
     };
     if let Some(id) = args.relay_id {
         config.relay_id = id;
+    }
+    if args.source == Source::Poll && !args.once && !args.ignore_slot {
+        crate::wal::slot::check_name("slot", &args.slot)?;
+        config.stand_by_for_slot = Some(args.slot.clone());
     }
     config.validate().map_err(ops::Refused::new)?;
     if args.source == Source::Wal {

@@ -59,6 +59,10 @@ pub struct RelayConfig {
     /// Rows deleted per statement by the retention sweep: short transactions, few locks, and dead
     /// tuples that autovacuum can take in steps.
     pub retention_batch: i64,
+    /// The replication slot a WAL relay (`run --source wal`) reads, that [`crate::Relay::run`]
+    /// stands by for: while a session reads it, the polling lanes claim nothing, and they claim
+    /// again within a second of it being read no more. `None`: claim whatever reads the WAL.
+    pub stand_by_for_slot: Option<String>,
     /// Deliberate publish failures, for tests and benchmarks only (none by default).
     #[cfg(feature = "fault-injection")]
     pub faults: PublishFaults,
@@ -91,6 +95,7 @@ impl Default for RelayConfig {
             lanes: 2,
             retention: Some(Duration::from_secs(24 * 3600)),
             retention_batch: 1000,
+            stand_by_for_slot: None,
             #[cfg(feature = "fault-injection")]
             faults: PublishFaults::default(),
         }

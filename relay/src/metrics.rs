@@ -17,6 +17,10 @@ pub fn describe() {
         "Relays holding a slot on this outbox, this one included (0: this relay holds none and claims every aggregate)."
     );
     describe_gauge!(
+        "waybill_relay_standing_by",
+        "1 while this polling relay stands by because a WAL relay reads the replication slot (it claims nothing then), 0 otherwise."
+    );
+    describe_gauge!(
         "waybill_relay_lanes_in_all",
         "Lanes of every relay holding a slot: the aggregates are split this many ways."
     );

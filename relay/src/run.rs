@@ -1,10 +1,11 @@
 //! The relay handle: its connections, its settings and one step of a lane. How it runs lives below:
 //! [`lanes`] (`run`: the lanes' step loops until shutdown), [`drain`] (`run --once`), [`wake`] (the
-//! notification listener), [`chores`] (gauges, journal pruning, retention sweep), [`summary`] (the
-//! totals).
+//! notification listener), [`chores`] (gauges, journal pruning, retention sweep), [`gate`] (standing
+//! by while a WAL relay reads the slot), [`summary`] (the totals).
 
 mod chores;
 mod drain;
+mod gate;
 mod lanes;
 mod summary;
 mod wake;

@@ -55,9 +55,14 @@ impl World {
 
     /// Starts a WAL relay whose log goes to `<name>.log`.
     fn relay(&self, name: &str) -> Child {
+        self.spawn_relay(name, "wal")
+    }
+
+    /// Starts a relay reading `source` (`wal` or `poll`) whose log goes to `<name>.log`.
+    fn spawn_relay(&self, name: &str, source: &str) -> Child {
         let log = std::fs::File::create(self.log_path(name)).expect("log file");
         Command::new(RELAY)
-            .args(["run", "--source", "wal", "--relay-id", name])
+            .args(["run", "--source", source, "--relay-id", name])
             .args(["--database-url", &self.url, "--nats-url", &self.nats_url])
             .args(["--stream", STREAM, "--subject-prefix", PREFIX])
             .args(["--backoff", "100ms", "--publish-timeout", "2s"])
@@ -141,6 +146,37 @@ impl World {
         assert_eq!(stored.len(), usize::try_from(events).expect("a count"));
     }
 
+    /// Outbox rows the relay `relay_id` marked sent.
+    async fn sent_by(&self, relay_id: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'sent' AND claimed_by = $1")
+            .bind(relay_id)
+            .fetch_one(&self.pool)
+            .await
+            .expect("count")
+    }
+
+    /// Waits until a session reads the slot and nothing in the outbox is unsent.
+    async fn until_the_slot_is_read_and_everything_sent(&self) {
+        wait_until(
+            Duration::from_secs(60),
+            "a relay reads the slot and everything is sent",
+            || async {
+                self.slot().await.is_some_and(|(active, _)| active) && self.unsent().await == 0
+            },
+        )
+        .await;
+    }
+
+    /// Waits until relay `name` logs that it stands by.
+    async fn until_it_stands_by(&self, name: &str) {
+        wait_until(
+            Duration::from_secs(30),
+            &format!("{name} says it stands by"),
+            || async { self.log(name).contains("standing by") },
+        )
+        .await;
+    }
+
     async fn slot(&self) -> Option<(bool, Option<i32>)> {
         sqlx::query_as(
             "SELECT active, active_pid FROM pg_replication_slots WHERE slot_name = 'waybill_outbox'",
@@ -221,21 +257,9 @@ async fn a_standby_takes_over_when_the_reader_is_killed() {
     let world = World::new().await;
     let mut first = world.relay("first");
     write(&world.store, 2, 20).await;
-    wait_until(
-        Duration::from_secs(60),
-        "the first relay reads the slot",
-        || async {
-            world.slot().await.is_some_and(|(active, _)| active) && world.unsent().await == 0
-        },
-    )
-    .await;
+    world.until_the_slot_is_read_and_everything_sent().await;
     let mut standby = world.relay("standby");
-    wait_until(
-        Duration::from_secs(30),
-        "the standby says it stands by",
-        || async { world.log("standby").contains("standing by") },
-    )
-    .await;
+    world.until_it_stands_by("standby").await;
     sigkill(&mut first);
     let _ = first.wait().await;
     write(&world.store, 2, 20).await;
@@ -503,4 +527,51 @@ async fn an_aggregate_handed_to_polling_is_retried_on_schedule_while_the_outbox_
     limit_subjects(&world.nats_url, None).await;
     world.everything_delivered_once_in_order(&["relay"]).await;
     sigkill(&mut relay);
+}
+
+#[tokio::test]
+async fn a_polling_relay_stands_by_while_a_wal_relay_reads_the_slot_and_takes_over_when_it_dies() {
+    let world = World::new().await;
+    let mut wal = world.relay("wal");
+    write(&world.store, 2, 20).await;
+    world.until_the_slot_is_read_and_everything_sent().await;
+    let mut polling = world.spawn_relay("polling", "poll");
+    world.until_it_stands_by("polling").await;
+    // Every row committed now wakes the polling relay too (its notification listener): it must
+    // leave them to the WAL relay.
+    write(&world.store, 2, 20).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the next orders delivered",
+        || async { world.unsent().await == 0 },
+    )
+    .await;
+    assert_eq!(
+        world.sent_by("polling").await,
+        0,
+        "the polling relay claimed while the WAL relay read the slot\n{}",
+        world.log("polling")
+    );
+    assert_eq!(world.sent_by("wal").await, 120, "{}", world.log("wal"));
+
+    sigkill(&mut wal);
+    let _ = wal.wait().await;
+    write(&world.store, 2, 20).await;
+    world
+        .everything_delivered_once_in_order(&["wal", "polling"])
+        .await;
+    assert_eq!(
+        world.sent_by("polling").await,
+        60,
+        "the polling relay delivered what was written after the WAL relay died\n{}",
+        world.log("polling")
+    );
+    assert!(
+        world
+            .log("polling")
+            .contains("nobody reads the WAL relay's slot any more"),
+        "{}",
+        world.log("polling")
+    );
+    sigkill(&mut polling);
 }

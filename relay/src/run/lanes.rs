@@ -11,6 +11,7 @@ use ops::error_chain;
 use tokio::sync::Notify;
 
 use super::chores::{refresh_gauges, sweep};
+use super::gate::SlotGate;
 use super::summary::Progress;
 use super::wake::listen;
 use super::{Relay, RunSummary};
@@ -46,6 +47,12 @@ impl Relay {
             })
         };
         let peers = Peers::join(&self.pool, self.config.lane_count()).await;
+        let (gate, gate_task) = SlotGate::watch(
+            self.pool.clone(),
+            self.config.stand_by_for_slot.clone(),
+            wakes.clone(),
+        )
+        .await;
         let listener = tokio::spawn(listen(self.pool.clone(), wakes.clone()));
         let gauges = tokio::spawn(refresh_gauges(self.pool.clone()));
         let sweeper = self.config.retention.map(|retention| {
@@ -59,10 +66,13 @@ impl Relay {
         let lanes = wakes
             .iter()
             .enumerate()
-            .map(|(lane, wake)| self.lane(lane, wake, &totals, &peers));
+            .map(|(lane, wake)| self.lane(lane, wake, &totals, &peers, &gate));
         futures::future::join_all(lanes).await;
         listener.abort();
         gauges.abort();
+        if let Some(gate_task) = gate_task {
+            gate_task.abort();
+        }
         if let Some(sweeper) = sweeper {
             sweeper.abort();
         }
@@ -78,8 +88,16 @@ impl Relay {
 
     /// One lane of [`Relay::run`]: the step loop. It claims its share among the relays sharing the
     /// outbox, except right after such a claim found nothing and at least every [`UNSPLIT_EVERY`]:
-    /// then over every aggregate, so that what a frozen relay's share holds still moves.
-    async fn lane(&self, lane: usize, wake: &Notify, totals: &Mutex<RunSummary>, peers: &Peers) {
+    /// then over every aggregate, so that what a frozen relay's share holds still moves. While a WAL
+    /// relay reads the slot it stands by for, it claims nothing (`gate.rs`).
+    async fn lane(
+        &self,
+        lane: usize,
+        wake: &Notify,
+        totals: &Mutex<RunSummary>,
+        peers: &Peers,
+        gate: &SlotGate,
+    ) {
         let mut progress = Progress::new();
         let mut errors_in_a_row = 0u32;
         let mut nats_down_since: Option<Instant> = None;
@@ -99,6 +117,10 @@ impl Relay {
                 && lane == 0
             {
                 tracing::info!(after = ?since.elapsed(), "NATS is back; resuming");
+            }
+            if gate.standing_by() {
+                self.idle(wake, self.config.poll_interval).await;
+                continue;
             }
             let seat = peers.seat().filter(|seat| {
                 seat.relays > 1 && split_next && unsplit_at.elapsed() < UNSPLIT_EVERY
