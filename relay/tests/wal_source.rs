@@ -1,12 +1,14 @@
 //! `waybill-relay run --source wal` against a private PostgreSQL made for logical decoding and a
 //! private nats-server: events from concurrent writers reach the stream once each and in order per
-//! aggregate across a SIGKILL of the relay, a standby takes over from a killed reader, and a slot that
-//! is dropped under the relay is recovered from the outbox without loss or copies.
+//! aggregate across a SIGKILL of the relay, a standby takes over from a killed reader, a slot that is
+//! dropped under the relay is recovered from the outbox without loss or copies, and a polling relay
+//! beside a WAL relay stands by until that relay dies or freezes past the server's timeout.
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use rustix::process::{Pid, Signal, kill_process};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use store::EventStore;
@@ -208,6 +210,14 @@ async fn write(store: &EventStore, writers: usize, orders: usize) {
 
 fn sigkill(child: &mut Child) {
     child.start_kill().expect("SIGKILL");
+}
+
+fn signal(child: &Child, signal: Signal) {
+    let pid = child
+        .id()
+        .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?))
+        .expect("running");
+    kill_process(pid, signal).expect("signal");
 }
 
 #[tokio::test]
@@ -573,5 +583,59 @@ async fn a_polling_relay_stands_by_while_a_wal_relay_reads_the_slot_and_takes_ov
         "{}",
         world.log("polling")
     );
+    sigkill(&mut polling);
+}
+
+#[tokio::test]
+async fn a_polling_standby_waits_out_a_frozen_wal_relay_and_nothing_is_doubled() {
+    let world = World::new().await;
+    let mut wal = world.relay("wal");
+    write(&world.store, 2, 10).await;
+    world.until_the_slot_is_read_and_everything_sent().await;
+    let mut polling = world.spawn_relay("polling", "poll");
+    world.until_it_stands_by("polling").await;
+
+    // Frozen, not dead: the slot stays read until PostgreSQL's wal_sender_timeout (10 s on the
+    // private server) ends the session; then the standby delivers.
+    signal(&wal, Signal::STOP);
+    write(&world.store, 2, 10).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the polling relay delivers what the frozen WAL relay cannot",
+        || async {
+            world
+                .log("polling")
+                .contains("nobody reads the WAL relay's slot any more")
+                && world.unsent().await == 0
+        },
+    )
+    .await;
+    assert_eq!(
+        world.sent_by("polling").await,
+        30,
+        "{}",
+        world.log("polling")
+    );
+
+    // Woken, the WAL relay reads the slot again from what it confirmed (replaying rows polling has
+    // sent: deduplicated), and the polling relay stands by again.
+    signal(&wal, Signal::CONT);
+    wait_until(
+        Duration::from_secs(60),
+        "the polling relay stands by again",
+        || async { world.log("polling").matches("standing by").count() >= 2 },
+    )
+    .await;
+    write(&world.store, 2, 10).await;
+    world
+        .everything_delivered_once_in_order(&["wal", "polling"])
+        .await;
+    assert_eq!(
+        world.sent_by("polling").await,
+        30,
+        "{}",
+        world.log("polling")
+    );
+    sigkill(&mut wal);
     sigkill(&mut polling);
 }
