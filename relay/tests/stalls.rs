@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{Harness, PREFIX, STREAM, seed, wait_until};
-use rustix::process::{Pid, Signal, kill_process};
+use rustix::process::Signal;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
@@ -34,11 +34,7 @@ fn relay_once(h: &Harness, relay_id: &str, extra: &[&str]) -> Child {
 }
 
 fn signal(child: &Child, signal: Signal) {
-    let pid = child
-        .id()
-        .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?))
-        .expect("running");
-    kill_process(pid, signal).expect("signal");
+    testkit::send_signal(child.id(), signal);
 }
 
 /// Waits for a `--once --json` relay to exit 0 and returns its summary.

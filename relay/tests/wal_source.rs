@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use rustix::process::{Pid, Signal, kill_process};
+use rustix::process::Signal;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use store::EventStore;
@@ -148,6 +148,15 @@ impl World {
         assert_eq!(stored.len(), usize::try_from(events).expect("a count"));
     }
 
+    /// Writes `orders` more orders, waits until the relays `wal` and `polling` delivered every event
+    /// once and in order, and returns how many rows `polling` marked sent in all.
+    async fn deliver_more_orders_and_count_polling_marks(&self, orders: usize) -> i64 {
+        write(&self.store, 2, orders).await;
+        self.everything_delivered_once_in_order(&["wal", "polling"])
+            .await;
+        self.sent_by("polling").await
+    }
+
     /// Outbox rows the relay `relay_id` marked sent.
     async fn sent_by(&self, relay_id: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'sent' AND claimed_by = $1")
@@ -213,11 +222,7 @@ fn sigkill(child: &mut Child) {
 }
 
 fn signal(child: &Child, signal: Signal) {
-    let pid = child
-        .id()
-        .and_then(|id| Pid::from_raw(i32::try_from(id).ok()?))
-        .expect("running");
-    kill_process(pid, signal).expect("signal");
+    testkit::send_signal(child.id(), signal);
 }
 
 #[tokio::test]
@@ -566,12 +571,8 @@ async fn a_polling_relay_stands_by_while_a_wal_relay_reads_the_slot_and_takes_ov
 
     sigkill(&mut wal);
     let _ = wal.wait().await;
-    write(&world.store, 2, 20).await;
-    world
-        .everything_delivered_once_in_order(&["wal", "polling"])
-        .await;
     assert_eq!(
-        world.sent_by("polling").await,
+        world.deliver_more_orders_and_count_polling_marks(20).await,
         60,
         "the polling relay delivered what was written after the WAL relay died\n{}",
         world.log("polling")
@@ -626,14 +627,10 @@ async fn a_polling_standby_waits_out_a_frozen_wal_relay_and_nothing_is_doubled()
         || async { world.log("polling").matches("standing by").count() >= 2 },
     )
     .await;
-    write(&world.store, 2, 10).await;
-    world
-        .everything_delivered_once_in_order(&["wal", "polling"])
-        .await;
     assert_eq!(
-        world.sent_by("polling").await,
+        world.deliver_more_orders_and_count_polling_marks(10).await,
         30,
-        "{}",
+        "the polling relay marked rows after the WAL relay came back\n{}",
         world.log("polling")
     );
     sigkill(&mut wal);

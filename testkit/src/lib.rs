@@ -214,6 +214,15 @@ where
     panic!("timed out after {timeout:?} waiting for {what}");
 }
 
+/// Sends `signal` to process `pid` (a child's `id()`, `None` once it was reaped): a test's SIGSTOP,
+/// SIGCONT or SIGKILL of a process under test.
+pub fn send_signal(pid: Option<u32>, signal: rustix::process::Signal) {
+    let pid = pid
+        .and_then(|id| rustix::process::Pid::from_raw(i32::try_from(id).ok()?))
+        .expect("a running process");
+    rustix::process::kill_process(pid, signal).expect("signal sent");
+}
+
 /// An `order.placed` v1 for a new order: the legacy shape (an order number and an amount, before
 /// currency and lines existed), as an import from the old system writes it. Appended with
 /// `store::append`, it bypasses the domain, so only the upcaster can make sense of it.
