@@ -178,6 +178,17 @@ impl World {
         .await;
     }
 
+    /// Starts the WAL relay `wal`, writes `orders` orders and waits until it delivered them, then
+    /// starts the polling relay `polling` and waits until it stands by.
+    async fn wal_relay_and_a_polling_standby(&self, orders: usize) -> (Child, Child) {
+        let wal = self.relay("wal");
+        write(&self.store, 2, orders).await;
+        self.until_the_slot_is_read_and_everything_sent().await;
+        let polling = self.spawn_relay("polling", "poll");
+        self.until_it_stands_by("polling").await;
+        (wal, polling)
+    }
+
     /// Waits until relay `name` logs that it stands by.
     async fn until_it_stands_by(&self, name: &str) {
         wait_until(
@@ -547,11 +558,7 @@ async fn an_aggregate_handed_to_polling_is_retried_on_schedule_while_the_outbox_
 #[tokio::test]
 async fn a_polling_relay_stands_by_while_a_wal_relay_reads_the_slot_and_takes_over_when_it_dies() {
     let world = World::new().await;
-    let mut wal = world.relay("wal");
-    write(&world.store, 2, 20).await;
-    world.until_the_slot_is_read_and_everything_sent().await;
-    let mut polling = world.spawn_relay("polling", "poll");
-    world.until_it_stands_by("polling").await;
+    let (mut wal, mut polling) = world.wal_relay_and_a_polling_standby(20).await;
     // Every row committed now wakes the polling relay too (its notification listener): it must
     // leave them to the WAL relay.
     write(&world.store, 2, 20).await;
@@ -580,7 +587,7 @@ async fn a_polling_relay_stands_by_while_a_wal_relay_reads_the_slot_and_takes_ov
     assert!(
         world
             .log("polling")
-            .contains("nobody reads the WAL relay's slot any more"),
+            .contains("nobody reads the WAL relay's slot"),
         "{}",
         world.log("polling")
     );
@@ -590,23 +597,26 @@ async fn a_polling_relay_stands_by_while_a_wal_relay_reads_the_slot_and_takes_ov
 #[tokio::test]
 async fn a_polling_standby_waits_out_a_frozen_wal_relay_and_nothing_is_doubled() {
     let world = World::new().await;
-    let mut wal = world.relay("wal");
-    write(&world.store, 2, 10).await;
-    world.until_the_slot_is_read_and_everything_sent().await;
-    let mut polling = world.spawn_relay("polling", "poll");
-    world.until_it_stands_by("polling").await;
+    let (mut wal, mut polling) = world.wal_relay_and_a_polling_standby(10).await;
 
     // Frozen, not dead: the slot stays read until PostgreSQL's wal_sender_timeout (10 s on the
     // private server) ends the session; then the standby delivers.
     signal(&wal, Signal::STOP);
     write(&world.store, 2, 10).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        world.sent_by("polling").await,
+        0,
+        "the standby claimed while the frozen WAL relay still held the slot\n{}",
+        world.log("polling")
+    );
     wait_until(
         Duration::from_secs(60),
         "the polling relay delivers what the frozen WAL relay cannot",
         || async {
             world
                 .log("polling")
-                .contains("nobody reads the WAL relay's slot any more")
+                .contains("nobody reads the WAL relay's slot")
                 && world.unsent().await == 0
         },
     )
@@ -633,6 +643,47 @@ async fn a_polling_standby_waits_out_a_frozen_wal_relay_and_nothing_is_doubled()
         "the polling relay marked rows after the WAL relay came back\n{}",
         world.log("polling")
     );
+    sigkill(&mut wal);
+    sigkill(&mut polling);
+}
+
+#[tokio::test]
+async fn a_polling_standby_delivers_rows_the_slot_does_not_carry() {
+    let world = World::new().await;
+    let (mut wal, mut polling) = world.wal_relay_and_a_polling_standby(10).await;
+    // A row made due again by an update, as `dead replay` and `outbox repair` do: the publication
+    // carries inserts only, so the WAL relay never sees it.
+    sqlx::query(
+        "UPDATE outbox SET status = 'pending', sent_at = NULL, next_run_at = now()
+         WHERE id = (SELECT max(id) FROM outbox)",
+    )
+    .execute(&world.pool)
+    .await
+    .expect("a row due again");
+    wait_until(
+        Duration::from_secs(40),
+        "the polling relay delivers the row while the WAL relay reads the slot",
+        || async { world.unsent().await == 0 },
+    )
+    .await;
+    assert!(
+        world.slot().await.is_some_and(|(active, _)| active),
+        "the WAL relay still reads the slot"
+    );
+    assert_eq!(
+        world.sent_by("polling").await,
+        1,
+        "{}",
+        world.log("polling")
+    );
+    assert!(
+        world.log("polling").contains("claiming beside it"),
+        "{}",
+        world.log("polling")
+    );
+    world
+        .everything_delivered_once_in_order(&["wal", "polling"])
+        .await;
     sigkill(&mut wal);
     sigkill(&mut polling);
 }

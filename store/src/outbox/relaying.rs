@@ -485,6 +485,28 @@ pub async fn mark_delivered(
     })
 }
 
+/// The session reading the logical replication slot `slot` of this database, if one does, and
+/// whether some outbox row has been due (pending, or failed and past its retry time) for longer than
+/// `age`: what a polling relay standing by for a WAL relay looks at. One statement; the due rows are
+/// found through the claim's own index (`outbox_due_idx`), from its oldest entry.
+pub async fn slot_reader_and_lag(
+    pool: &PgPool,
+    slot: &str,
+    age: std::time::Duration,
+) -> sqlx::Result<(Option<i32>, bool)> {
+    sqlx::query_as(
+        "SELECT (SELECT active_pid FROM pg_replication_slots
+                 WHERE slot_name = $1 AND database = current_database()),
+                EXISTS (SELECT 1 FROM outbox
+                        WHERE status IN ('pending', 'failed')
+                          AND next_run_at < now() - make_interval(secs => $2))",
+    )
+    .bind(slot)
+    .bind(age.as_secs_f64())
+    .fetch_one(pool)
+    .await
+}
+
 /// Of `aggregates`, those with a row not yet sent (pending, failed or dead).
 pub async fn unsent_aggregates(pool: &PgPool, aggregates: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
     sqlx::query_scalar(
