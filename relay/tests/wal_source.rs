@@ -62,10 +62,15 @@ impl World {
 
     /// Starts a relay reading `source` (`wal` or `poll`) whose log goes to `<name>.log`.
     fn spawn_relay(&self, name: &str, source: &str) -> Child {
+        self.spawn_relay_via(name, source, &self.nats_url)
+    }
+
+    /// [`World::spawn_relay`] reaching NATS at `nats_url` (a proxy a test can take away).
+    fn spawn_relay_via(&self, name: &str, source: &str, nats_url: &str) -> Child {
         let log = std::fs::File::create(self.log_path(name)).expect("log file");
         Command::new(RELAY)
             .args(["run", "--source", source, "--relay-id", name])
-            .args(["--database-url", &self.url, "--nats-url", &self.nats_url])
+            .args(["--database-url", &self.url, "--nats-url", nats_url])
             .args(["--stream", STREAM, "--subject-prefix", PREFIX])
             .args(["--backoff", "100ms", "--publish-timeout", "2s"])
             .env("RUST_LOG", "info,relay=debug")
@@ -157,6 +162,18 @@ impl World {
         self.sent_by("polling").await
     }
 
+    /// Sets the newest outbox row back to pending, as `dead replay` and `outbox repair` set rows:
+    /// the publication carries inserts only, so no WAL relay reads this from the slot.
+    async fn make_the_last_row_due_again(&self) {
+        sqlx::query(
+            "UPDATE outbox SET status = 'pending', sent_at = NULL, next_run_at = now()
+             WHERE id = (SELECT max(id) FROM outbox)",
+        )
+        .execute(&self.pool)
+        .await
+        .expect("a row due again");
+    }
+
     /// Outbox rows the relay `relay_id` marked sent.
     async fn sent_by(&self, relay_id: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'sent' AND claimed_by = $1")
@@ -178,11 +195,13 @@ impl World {
         .await;
     }
 
-    /// Starts the WAL relay `wal`, writes `orders` orders and waits until it delivered them, then
-    /// starts the polling relay `polling` and waits until it stands by.
+    /// Writes `orders` orders, starts the WAL relay `wal` and waits until it delivered them (by its
+    /// opening drain: written before the slot, they are not replayed from it, so no later mark of
+    /// theirs races a test's own updates), then starts the polling relay `polling` and waits until
+    /// it stands by.
     async fn wal_relay_and_a_polling_standby(&self, orders: usize) -> (Child, Child) {
-        let wal = self.relay("wal");
         write(&self.store, 2, orders).await;
+        let wal = self.relay("wal");
         self.until_the_slot_is_read_and_everything_sent().await;
         let polling = self.spawn_relay("polling", "poll");
         self.until_it_stands_by("polling").await;
@@ -648,31 +667,41 @@ async fn a_polling_standby_waits_out_a_frozen_wal_relay_and_nothing_is_doubled()
 }
 
 #[tokio::test]
-async fn a_polling_standby_delivers_rows_the_slot_does_not_carry() {
+async fn a_polling_standby_claims_beside_a_wal_relay_cut_off_from_nats() {
     let world = World::new().await;
-    let (mut wal, mut polling) = world.wal_relay_and_a_polling_standby(10).await;
-    // A row made due again by an update, as `dead replay` and `outbox repair` do: the publication
-    // carries inserts only, so the WAL relay never sees it.
-    sqlx::query(
-        "UPDATE outbox SET status = 'pending', sent_at = NULL, next_run_at = now()
-         WHERE id = (SELECT max(id) FROM outbox)",
-    )
-    .execute(&world.pool)
-    .await
-    .expect("a row due again");
+    write(&world.store, 2, 10).await;
+    let nats_port: u16 = world
+        .nats_url
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .expect("the NATS port");
+    let proxy = testkit::CutProxy::start(([127, 0, 0, 1], nats_port).into())
+        .await
+        .expect("a proxy to NATS");
+    let mut wal =
+        world.spawn_relay_via("wal", "wal", &format!("nats://127.0.0.1:{}", proxy.port()));
+    world.until_the_slot_is_read_and_everything_sent().await;
+    let mut polling = world.spawn_relay("polling", "poll");
+    world.until_it_stands_by("polling").await;
+    // The WAL relay loses NATS for good and waits for it, still reading the slot: a session on the
+    // slot is not a relay that delivers.
+    drop(proxy);
+    write(&world.store, 2, 10).await;
     wait_until(
-        Duration::from_secs(40),
-        "the polling relay delivers the row while the WAL relay reads the slot",
+        Duration::from_secs(60),
+        "the polling relay delivers beside the WAL relay that cannot",
         || async { world.unsent().await == 0 },
     )
     .await;
     assert!(
         world.slot().await.is_some_and(|(active, _)| active),
-        "the WAL relay still reads the slot"
+        "the WAL relay still reads the slot\n{}",
+        world.log("wal")
     );
     assert_eq!(
         world.sent_by("polling").await,
-        1,
+        30,
         "{}",
         world.log("polling")
     );
@@ -686,4 +715,29 @@ async fn a_polling_standby_delivers_rows_the_slot_does_not_carry() {
         .await;
     sigkill(&mut wal);
     sigkill(&mut polling);
+}
+
+#[tokio::test]
+async fn a_wal_relay_delivers_a_row_made_due_again_by_an_update() {
+    let world = World::new().await;
+    // Written before the slot exists: delivered by the opening drain, never replayed from the slot.
+    write(&world.store, 2, 10).await;
+    let mut wal = world.relay("wal");
+    world.until_the_slot_is_read_and_everything_sent().await;
+    world.make_the_last_row_due_again().await;
+    wait_until(
+        Duration::from_secs(40),
+        "the WAL relay's polling pass delivers the row",
+        || async { world.unsent().await == 0 },
+    )
+    .await;
+    assert!(
+        world
+            .log("wal")
+            .contains("rows the slot does not carry are due"),
+        "{}",
+        world.log("wal")
+    );
+    world.everything_delivered_once_in_order(&["wal"]).await;
+    sigkill(&mut wal);
 }

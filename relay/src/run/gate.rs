@@ -4,11 +4,12 @@
 //!
 //! Standing by is allowed only while it costs nothing: the gate looks, once before the first claim
 //! and then every second, at who reads the slot **and** at whether any outbox row has been due for
-//! longer than [`BEHIND_AFTER`]. The lanes claim when nobody reads the slot (its reader died or
-//! stopped, the slot was dropped or lost), when rows wait regardless (a WAL relay connected to the
-//! slot but cut off from NATS or stuck; rows the slot never carries: a dead row replayed, a row
-//! rewound by `outbox repair`, a retry the WAL relay's opening drain left behind), and when the gate
-//! cannot tell. A copy published beside a WAL relay is deduplicated; an event nobody publishes is not.
+//! longer than [`crate::wal::UNDELIVERED_AFTER`]. The lanes claim when nobody reads the slot (its
+//! reader died or stopped, the slot was dropped or lost), when rows wait regardless (a WAL relay
+//! connected to the slot but cut off from NATS or stuck; rows the slot never carries: a dead row
+//! replayed, a row rewound by `outbox repair`, a retry the WAL relay's opening drain left behind),
+//! and when the gate cannot tell. A copy published beside a WAL relay is deduplicated; an event
+//! nobody publishes is not.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,10 +24,6 @@ use tokio::task::JoinHandle;
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// How long a look may take before it counts as "cannot tell" (a connection gone half-open).
 const LOOK_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a row may stay due while a WAL relay reads the slot before the lanes claim beside it. A
-/// WAL relay that keeps up marks a row within milliseconds, and delivers an aggregate it handed to
-/// its own polling passes within their 5 s period.
-const BEHIND_AFTER: Duration = Duration::from_secs(10);
 
 /// What a look found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +32,8 @@ enum Seen {
     Free,
     /// A session (this walsender process id) reads it and no row waits: stand by.
     Read(i32),
-    /// A session reads it, but rows have been due for longer than [`BEHIND_AFTER`].
+    /// A session reads it, but rows have been due for longer than
+    /// [`crate::wal::UNDELIVERED_AFTER`].
     ReadButBehind(i32),
     /// The look failed or timed out.
     Unknown(String),
@@ -80,12 +78,16 @@ impl SlotGate {
     }
 
     async fn look(&self, pool: &PgPool, slot: &str, wakes: &[Arc<Notify>]) {
-        let seen = match tokio::time::timeout(
-            LOOK_TIMEOUT,
-            store::outbox::relaying::slot_reader_and_lag(pool, slot, BEHIND_AFTER),
-        )
-        .await
-        {
+        let look = async {
+            use store::outbox::relaying::{due_for_longer_than, slot_reader};
+            let reader = slot_reader(pool, slot).await?;
+            let behind = match reader {
+                Some(_) => due_for_longer_than(pool, crate::wal::UNDELIVERED_AFTER).await?,
+                None => false,
+            };
+            Ok::<_, sqlx::Error>((reader, behind))
+        };
+        let seen = match tokio::time::timeout(LOOK_TIMEOUT, look).await {
             Ok(Ok((None, _))) => Seen::Free,
             Ok(Ok((Some(pid), false))) => Seen::Read(pid),
             Ok(Ok((Some(pid), true))) => Seen::ReadButBehind(pid),
@@ -116,7 +118,7 @@ impl SlotGate {
             Seen::ReadButBehind(pid) => tracing::warn!(
                 slot,
                 walsender_pid = pid,
-                behind_after = ?BEHIND_AFTER,
+                behind_after = ?crate::wal::UNDELIVERED_AFTER,
                 "a WAL relay reads the slot, but outbox rows have been due longer than it should take; claiming beside it"
             ),
             Seen::Unknown(error) => tracing::warn!(

@@ -218,11 +218,11 @@ impl Relay {
             if stopping.load(Ordering::Relaxed) {
                 break Ended::Stopped;
             }
-            // Aggregates handed over to polling are looked at on a timer, not after a replication
-            // message: an idle outbox sends none but keepalives, which a server sends only when half
-            // its `wal_sender_timeout` (60 s by default) passes without a reply. On a busy stream the
-            // timer still fires: `select!` picks among ready branches at random.
-            let handing_back = !session.handed_over.is_empty();
+            // Aggregates handed over to polling, and rows the slot does not carry, are looked at on
+            // a timer, not after a replication message: an idle outbox sends none but keepalives,
+            // which a server sends only when half its `wal_sender_timeout` (60 s by default) passes
+            // without a reply. On a busy stream the timer still fires: `select!` picks among ready
+            // branches at random.
             let hand_back_at = tokio::time::Instant::from_std(last_handover + HANDOVER_EVERY);
             let event = tokio::select! {
                 event = client.recv() => event,
@@ -232,7 +232,17 @@ impl Relay {
                     client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
                     continue;
                 }
-                () = tokio::time::sleep_until(hand_back_at), if handing_back => {
+                () = tokio::time::sleep_until(hand_back_at) => {
+                    if session.handed_over.is_empty() {
+                        // Rows made due by an update (a dead row replayed, `outbox repair`) or left
+                        // failing by the opening drain are in no replication message: once one has
+                        // waited this long, a polling pass delivers it.
+                        if !store::outbox::relaying::due_for_longer_than(self.pool(), super::UNDELIVERED_AFTER).await? {
+                            last_handover = Instant::now();
+                            continue;
+                        }
+                        tracing::info!(after = ?super::UNDELIVERED_AFTER, "outbox rows the slot does not carry are due; delivering them by polling");
+                    }
                     session.finish_mark(summary).await?;
                     session.hand_back(summary).await?;
                     // Counted from the pass's end: the stream gets its time between passes.

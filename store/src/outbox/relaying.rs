@@ -485,23 +485,28 @@ pub async fn mark_delivered(
     })
 }
 
-/// The session reading the logical replication slot `slot` of this database, if one does, and
-/// whether some outbox row has been due (pending, or failed and past its retry time) for longer than
-/// `age`: what a polling relay standing by for a WAL relay looks at. One statement; the due rows are
-/// found through the claim's own index (`outbox_due_idx`), from its oldest entry.
-pub async fn slot_reader_and_lag(
-    pool: &PgPool,
-    slot: &str,
-    age: std::time::Duration,
-) -> sqlx::Result<(Option<i32>, bool)> {
-    sqlx::query_as(
-        "SELECT (SELECT active_pid FROM pg_replication_slots
-                 WHERE slot_name = $1 AND database = current_database()),
-                EXISTS (SELECT 1 FROM outbox
-                        WHERE status IN ('pending', 'failed')
-                          AND next_run_at < now() - make_interval(secs => $2))",
+/// The process id of the session reading the logical replication slot `slot` of this database, if
+/// one does.
+pub async fn slot_reader(pool: &PgPool, slot: &str) -> sqlx::Result<Option<i32>> {
+    Ok(sqlx::query_scalar(
+        "SELECT active_pid FROM pg_replication_slots
+         WHERE slot_name = $1 AND database = current_database()",
     )
     .bind(slot)
+    .fetch_optional(pool)
+    .await?
+    .flatten())
+}
+
+/// Whether some row has been due (pending, or failed and past its retry time) for longer than
+/// `age`: nobody is delivering it. Found through the claim's own index (`outbox_due_idx`), from its
+/// oldest entry.
+pub async fn due_for_longer_than(pool: &PgPool, age: std::time::Duration) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM outbox
+                        WHERE status IN ('pending', 'failed')
+                          AND next_run_at < now() - make_interval(secs => $1))",
+    )
     .bind(age.as_secs_f64())
     .fetch_one(pool)
     .await
