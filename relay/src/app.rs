@@ -236,8 +236,8 @@ struct RunArgs {
     source: Source,
 
     /// With --source wal: the replication slot (made when missing). With polling: the slot whose
-    /// reader this relay stands by for — while a WAL relay reads it and no outbox row has been due
-    /// for over 10 s, this relay claims nothing (it would only publish every event a second time);
+    /// reader this relay stands by for — while a WAL relay reads it and no aggregate's next row has
+    /// been due for over 10 s, this relay claims nothing (it would only publish every event a second time);
     /// it claims again within a second of that session ending (a frozen reader's ends after
     /// PostgreSQL's wal_sender_timeout) or of rows waiting that long, so polling relays are the WAL
     /// relay's standbys.

@@ -18,7 +18,7 @@ pub fn describe() {
     );
     describe_gauge!(
         "waybill_relay_standing_by",
-        "1 while this polling relay stands by because a WAL relay reads the replication slot and keeps up (no outbox row due for over 10 s); it claims nothing then. 0 otherwise."
+        "1 while this polling relay stands by because a WAL relay reads the replication slot and keeps up (no aggregate's next row due for over 10 s); it claims nothing then. 0 otherwise."
     );
     describe_gauge!(
         "waybill_relay_lanes_in_all",

@@ -732,12 +732,47 @@ async fn a_wal_relay_delivers_a_row_made_due_again_by_an_update() {
     )
     .await;
     assert!(
-        world
-            .log("wal")
-            .contains("rows the slot does not carry are due"),
+        world.log("wal").contains("a polling pass delivers it"),
         "{}",
         world.log("wal")
     );
     world.everything_delivered_once_in_order(&["wal"]).await;
     sigkill(&mut wal);
+}
+
+#[tokio::test]
+async fn rows_waiting_behind_a_dead_row_are_not_taken_for_undelivered_ones() {
+    let world = World::new().await;
+    let (mut wal, mut polling) = world.wal_relay_and_a_polling_standby(10).await;
+    // One order's first event dead (poison) and its later ones pending behind it, due long ago:
+    // nothing can deliver them until an operator acts, so neither relay should keep trying.
+    sqlx::query(
+        "WITH poisoned AS (SELECT aggregate_id FROM outbox ORDER BY id LIMIT 1)
+         UPDATE outbox o
+         SET status = CASE WHEN o.aggregate_version = 1 THEN 'dead' ELSE 'pending' END,
+             sent_at = NULL, dead_at = CASE WHEN o.aggregate_version = 1 THEN now() END,
+             next_run_at = now() - interval '1 minute'
+         FROM poisoned p WHERE o.aggregate_id = p.aggregate_id",
+    )
+    .execute(&world.pool)
+    .await
+    .expect("a dead row with rows behind it");
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    assert!(
+        !world.log("polling").contains("claiming beside it"),
+        "{}",
+        world.log("polling")
+    );
+    assert!(
+        !world.log("wal").contains("a polling pass delivers it"),
+        "{}",
+        world.log("wal")
+    );
+    assert_eq!(
+        world.unsent().await,
+        3,
+        "the dead row and the two behind it"
+    );
+    sigkill(&mut wal);
+    sigkill(&mut polling);
 }

@@ -3,8 +3,8 @@
 //! event twice — the copies absorbed by the dedupe window and the fence, the work paid for twice.
 //!
 //! Standing by is allowed only while it costs nothing: the gate looks, once before the first claim
-//! and then every second, at who reads the slot **and** at whether any outbox row has been due for
-//! longer than [`crate::wal::UNDELIVERED_AFTER`]. The lanes claim when nobody reads the slot (its
+//! and then every second, at who reads the slot **and** at whether any aggregate's next row (a
+//! head: its predecessor sent) has been due for longer than [`crate::wal::UNDELIVERED_AFTER`]. The lanes claim when nobody reads the slot (its
 //! reader died or stopped, the slot was dropped or lost), when rows wait regardless (a WAL relay
 //! connected to the slot but cut off from NATS or stuck; rows the slot never carries: a dead row
 //! replayed, a row rewound by `outbox repair`, a retry the WAL relay's opening drain left behind),
@@ -79,10 +79,12 @@ impl SlotGate {
 
     async fn look(&self, pool: &PgPool, slot: &str, wakes: &[Arc<Notify>]) {
         let look = async {
-            use store::outbox::relaying::{due_for_longer_than, slot_reader};
+            use store::outbox::{admin::any_head_due_for_longer_than, relaying::slot_reader};
             let reader = slot_reader(pool, slot).await?;
             let behind = match reader {
-                Some(_) => due_for_longer_than(pool, crate::wal::UNDELIVERED_AFTER).await?,
+                Some(_) => {
+                    any_head_due_for_longer_than(pool, crate::wal::UNDELIVERED_AFTER).await?
+                }
                 None => false,
             };
             Ok::<_, sqlx::Error>((reader, behind))

@@ -233,15 +233,12 @@ impl Relay {
                     continue;
                 }
                 () = tokio::time::sleep_until(hand_back_at) => {
-                    if session.handed_over.is_empty() {
-                        // Rows made due by an update (a dead row replayed, `outbox repair`) or left
-                        // failing by the opening drain are in no replication message: once one has
-                        // waited this long, a polling pass delivers it.
-                        if !store::outbox::relaying::due_for_longer_than(self.pool(), super::UNDELIVERED_AFTER).await? {
-                            last_handover = Instant::now();
-                            continue;
-                        }
-                        tracing::info!(after = ?super::UNDELIVERED_AFTER, "outbox rows the slot does not carry are due; delivering them by polling");
+                    if session.handed_over.is_empty() && !undelivered_heads(self.pool()).await {
+                        last_handover = Instant::now();
+                        continue;
+                    }
+                    if stopping.load(Ordering::Relaxed) {
+                        break Ended::Stopped;
                     }
                     session.finish_mark(summary).await?;
                     session.hand_back(summary).await?;
@@ -648,6 +645,32 @@ impl Session<'_> {
             tracing::info!(%aggregate, "all delivered; streaming this aggregate again");
         }
         Ok(())
+    }
+}
+
+/// Whether an aggregate's next row has waited [`super::UNDELIVERED_AFTER`] with nobody delivering
+/// it: made due by an update (a dead row replayed, `outbox repair`) or left failing by the opening
+/// drain, it is in no replication message, so a polling pass must deliver it. A look that fails or
+/// does not answer within 5 s says no: the next tick looks again, and the stream goes on meanwhile.
+async fn undelivered_heads(pool: &sqlx::PgPool) -> bool {
+    let look = store::outbox::admin::any_head_due_for_longer_than(pool, super::UNDELIVERED_AFTER);
+    match tokio::time::timeout(Duration::from_secs(5), look).await {
+        Ok(Ok(due)) => {
+            if due {
+                tracing::info!(after = ?super::UNDELIVERED_AFTER, "an outbox row has been due that long with nobody delivering it (not in the slot, or not read from it yet); a polling pass delivers it");
+            }
+            due
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(error = %error_chain(&error), "cannot look for outbox rows the slot does not carry; looking again in 5 s");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                "no answer within 5 s looking for outbox rows the slot does not carry; looking again in 5 s"
+            );
+            false
+        }
     }
 }
 

@@ -271,6 +271,18 @@ pub async fn heads_due_within(pool: &PgPool, within: Duration) -> sqlx::Result<i
 /// soon — 0.9 s (68k pages read) with 1M sent rows, at the end of every drain, when there is none;
 /// 0.04 ms this way. (Not `EXISTS`: the planner drops an `EXISTS` subquery's `ORDER BY` and `LIMIT`.)
 pub async fn any_head_due_within(pool: &PgPool, within: Duration) -> sqlx::Result<bool> {
+    any_head_due_by(pool, within.as_secs_f64()).await
+}
+
+/// Whether some aggregate head has been due for longer than `age`: a row a relay could claim that
+/// nobody has delivered for that long. Rows waiting behind a dead or backing-off predecessor are
+/// not heads and do not count. A relay reading the WAL asks this of what its slot does not carry.
+pub async fn any_head_due_for_longer_than(pool: &PgPool, age: Duration) -> sqlx::Result<bool> {
+    any_head_due_by(pool, -age.as_secs_f64()).await
+}
+
+/// [`any_head_due_within`] with the horizon `offset` seconds from now (negative: in the past).
+async fn any_head_due_by(pool: &PgPool, offset: f64) -> sqlx::Result<bool> {
     sqlx::query_scalar(
         "SELECT (
             SELECT true FROM outbox o
@@ -283,7 +295,7 @@ pub async fn any_head_due_within(pool: &PgPool, within: Duration) -> sqlx::Resul
             LIMIT 1
         ) IS NOT NULL",
     )
-    .bind(within.as_secs_f64())
+    .bind(offset)
     .fetch_one(pool)
     .await
 }

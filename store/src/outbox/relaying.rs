@@ -498,20 +498,6 @@ pub async fn slot_reader(pool: &PgPool, slot: &str) -> sqlx::Result<Option<i32>>
     .flatten())
 }
 
-/// Whether some row has been due (pending, or failed and past its retry time) for longer than
-/// `age`: nobody is delivering it. Found through the claim's own index (`outbox_due_idx`), from its
-/// oldest entry.
-pub async fn due_for_longer_than(pool: &PgPool, age: std::time::Duration) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM outbox
-                        WHERE status IN ('pending', 'failed')
-                          AND next_run_at < now() - make_interval(secs => $1))",
-    )
-    .bind(age.as_secs_f64())
-    .fetch_one(pool)
-    .await
-}
-
 /// Of `aggregates`, those with a row not yet sent (pending, failed or dead).
 pub async fn unsent_aggregates(pool: &PgPool, aggregates: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
     sqlx::query_scalar(
