@@ -4,6 +4,14 @@ use std::time::Duration;
 
 use crate::backoff::Backoff;
 
+/// How long an outbox row may stay due while a WAL relay reads the slot before polling delivers it
+/// (the WAL relay's own polling pass, and any polling relay standing by beside it): the slot carries
+/// inserts only, so a row made due by an update (a dead row replayed, a row rewound by `outbox
+/// repair`, a retry the session's opening drain left for later) never reaches the stream, and a WAL
+/// relay cut off from NATS delivers nothing. One that keeps up marks a row within milliseconds, and
+/// an aggregate handed to its polling passes within their 5 s period.
+pub const UNDELIVERED_AFTER: Duration = Duration::from_secs(10);
+
 /// The JetStream stream the relay publishes into.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamSettings {

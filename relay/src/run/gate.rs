@@ -4,12 +4,12 @@
 //!
 //! Standing by is allowed only while it costs nothing: the gate looks, once before the first claim
 //! and then every second, at who reads the slot **and** at whether any aggregate's next row (a
-//! head: its predecessor sent) has been due for longer than [`crate::wal::UNDELIVERED_AFTER`]. The lanes claim when nobody reads the slot (its
-//! reader died or stopped, the slot was dropped or lost), when rows wait regardless (a WAL relay
-//! connected to the slot but cut off from NATS or stuck; rows the slot never carries: a dead row
-//! replayed, a row rewound by `outbox repair`, a retry the WAL relay's opening drain left behind),
-//! and when the gate cannot tell. A copy published beside a WAL relay is deduplicated; an event
-//! nobody publishes is not.
+//! head: its predecessor sent) has been due for longer than [`crate::config::UNDELIVERED_AFTER`].
+//! The lanes claim when nobody reads the slot (its reader died or stopped, the slot was dropped or
+//! lost), when rows wait regardless (a WAL relay connected to the slot but cut off from NATS or
+//! stuck; rows the slot never carries: a dead row replayed, a row rewound by `outbox repair`, a
+//! retry the WAL relay's opening drain left behind), and when the gate cannot tell. A copy published
+//! beside a WAL relay is deduplicated; an event nobody publishes is not.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,7 +33,7 @@ enum Seen {
     /// A session (this walsender process id) reads it and no row waits: stand by.
     Read(i32),
     /// A session reads it, but rows have been due for longer than
-    /// [`crate::wal::UNDELIVERED_AFTER`].
+    /// [`crate::config::UNDELIVERED_AFTER`].
     ReadButBehind(i32),
     /// The look failed or timed out.
     Unknown(String),
@@ -83,7 +83,7 @@ impl SlotGate {
             let reader = slot_reader(pool, slot).await?;
             let behind = match reader {
                 Some(_) => {
-                    any_head_due_for_longer_than(pool, crate::wal::UNDELIVERED_AFTER).await?
+                    any_head_due_for_longer_than(pool, crate::config::UNDELIVERED_AFTER).await?
                 }
                 None => false,
             };
@@ -120,7 +120,7 @@ impl SlotGate {
             Seen::ReadButBehind(pid) => tracing::warn!(
                 slot,
                 walsender_pid = pid,
-                behind_after = ?crate::wal::UNDELIVERED_AFTER,
+                behind_after = ?crate::config::UNDELIVERED_AFTER,
                 "a WAL relay reads the slot, but outbox rows have been due longer than it should take; claiming beside it"
             ),
             Seen::Unknown(error) => tracing::warn!(

@@ -648,16 +648,17 @@ impl Session<'_> {
     }
 }
 
-/// Whether an aggregate's next row has waited [`super::UNDELIVERED_AFTER`] with nobody delivering
-/// it: made due by an update (a dead row replayed, `outbox repair`) or left failing by the opening
+/// Whether an aggregate's next row has waited [`crate::config::UNDELIVERED_AFTER`] with nobody
+/// delivering it: made due by an update (a dead row replayed, `outbox repair`) or left failing by the opening
 /// drain, it is in no replication message, so a polling pass must deliver it. A look that fails or
 /// does not answer within 5 s says no: the next tick looks again, and the stream goes on meanwhile.
 async fn undelivered_heads(pool: &sqlx::PgPool) -> bool {
-    let look = store::outbox::admin::any_head_due_for_longer_than(pool, super::UNDELIVERED_AFTER);
+    let look =
+        store::outbox::admin::any_head_due_for_longer_than(pool, crate::config::UNDELIVERED_AFTER);
     match tokio::time::timeout(Duration::from_secs(5), look).await {
         Ok(Ok(due)) => {
             if due {
-                tracing::info!(after = ?super::UNDELIVERED_AFTER, "an outbox row has been due that long with nobody delivering it (not in the slot, or not read from it yet); a polling pass delivers it");
+                tracing::info!(after = ?crate::config::UNDELIVERED_AFTER, "an outbox row has been due that long with nobody delivering it (not in the slot, or not read from it yet); a polling pass delivers it");
             }
             due
         }
