@@ -776,3 +776,57 @@ async fn rows_waiting_behind_a_dead_row_are_not_taken_for_undelivered_ones() {
     sigkill(&mut wal);
     sigkill(&mut polling);
 }
+
+#[tokio::test]
+async fn a_later_version_waits_in_the_outbox_behind_an_unsent_earlier_one_and_follows_it() {
+    let world = World::new().await;
+    // An order placed and paid before the slot exists, its payment dead (poison parked by polling):
+    // the opening drain delivers the placement only.
+    let order = testkit::place_order(&world.store, "c", &["MUG:1:100"]).await;
+    testkit::pay_order(&world.store, order).await;
+    sqlx::query(
+        "UPDATE outbox SET status = 'dead', dead_at = now()
+         WHERE aggregate_id = $1 AND aggregate_version = 2",
+    )
+    .bind(order.as_uuid())
+    .execute(&world.pool)
+    .await
+    .expect("the payment dead");
+    let mut wal = world.relay("wal");
+    wait_until(
+        Duration::from_secs(60),
+        "the WAL relay reads the slot and delivered the placement",
+        || async {
+            world.slot().await.is_some_and(|(active, _)| active)
+                && world.stream_messages().await == 1
+        },
+    )
+    .await;
+    // The shipment is read from the slot; publishing it would put version 3 on the stream before
+    // version 2, which could then never be delivered.
+    testkit::ship_order(&world.store, order).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        world.stream_messages().await,
+        1,
+        "the shipment was published before the payment\n{}",
+        world.log("wal")
+    );
+    assert!(
+        world
+            .log("wal")
+            .contains("an earlier version of this aggregate is unsent"),
+        "{}",
+        world.log("wal")
+    );
+    assert_eq!(world.unsent().await, 2, "the dead payment and the shipment");
+    // An operator replays the payment (`dead replay`): the WAL relay's polling pass delivers it,
+    // then the shipment, in order.
+    let replayed =
+        store::outbox::admin::replay_dead(&world.pool, &store::outbox::admin::ReplayTarget::All)
+            .await
+            .expect("the payment replayed");
+    assert_eq!(replayed, 1);
+    world.everything_delivered_once_in_order(&["wal"]).await;
+    sigkill(&mut wal);
+}

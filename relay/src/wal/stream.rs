@@ -430,6 +430,7 @@ impl Session<'_> {
                 chains[chain].push(row);
             }
         }
+        let mut chains = self.hold_back_behind_unsent(chains, &tickets).await?;
         let mut failures = 0i32;
         let mut rng = rand::rng();
         while !chains.is_empty() {
@@ -561,6 +562,52 @@ impl Session<'_> {
         }
         summary.steps += 1;
         Ok(())
+    }
+
+    /// Hands over to polling every chain whose first row's predecessor is unsent in the outbox, and
+    /// returns the others. The slot carries inserts only: an earlier version of the aggregate that
+    /// is dead, failing, or made due again by an update (`dead replay`, `outbox repair`) is in no
+    /// replication message, and the fence would let this later version follow the stream's last one
+    /// — after which the earlier one could never be delivered in its place. Polling claims an
+    /// aggregate's rows in order, so it delivers both, once the earlier one can go. Only chains whose
+    /// predecessor this session did not publish itself are looked up: one statement per batch, and
+    /// none on a busy stream whose aggregates it already knows.
+    async fn hold_back_behind_unsent(
+        &mut self,
+        chains: Vec<Vec<ClaimedRow>>,
+        tickets: &HashMap<i64, Ticket>,
+    ) -> anyhow::Result<Vec<Vec<ClaimedRow>>> {
+        let unknown: Vec<(Uuid, i64)> = chains
+            .iter()
+            .map(|chain| &chain[0])
+            .filter(|head| {
+                head.aggregate_version > 1
+                    && self
+                        .fences
+                        .get(&head.aggregate_id)
+                        .is_none_or(|(version, _)| *version != head.aggregate_version - 1)
+            })
+            .map(|head| (head.aggregate_id, head.aggregate_version))
+            .collect();
+        if unknown.is_empty() {
+            return Ok(chains);
+        }
+        let behind: HashSet<Uuid> =
+            store::outbox::relaying::unsent_predecessors(self.relay.pool(), &unknown)
+                .await?
+                .into_iter()
+                .collect();
+        if behind.is_empty() {
+            return Ok(chains);
+        }
+        let (held, free): (Vec<_>, Vec<_>) = chains
+            .into_iter()
+            .partition(|chain| behind.contains(&chain[0].aggregate_id));
+        for chain in held {
+            tracing::info!(aggregate = %chain[0].aggregate_id, version = chain[0].aggregate_version, rows = chain.len(), "an earlier version of this aggregate is unsent in the outbox; polling delivers it and these in order");
+            self.hand_over(chain, tickets);
+        }
+        Ok(free)
     }
 
     /// Starts marking the `delivered` rows sent, once the mark before has ended: the batch after

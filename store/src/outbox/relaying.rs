@@ -509,6 +509,26 @@ pub async fn unsent_aggregates(pool: &PgPool, aggregates: &[Uuid]) -> sqlx::Resu
     .await
 }
 
+/// Of `heads` (an aggregate and the version about to be published), the aggregates whose previous
+/// version is in the outbox and not sent: dead, failing, or made due again by an update. Publishing
+/// the head would put it on the stream before its predecessor (the claim's own rule, for a reader
+/// of rows that did not come through a claim: the WAL relay). A predecessor the outbox no longer
+/// holds (deleted by retention, which takes sent rows only) does not hold a head back.
+pub async fn unsent_predecessors(pool: &PgPool, heads: &[(Uuid, i64)]) -> sqlx::Result<Vec<Uuid>> {
+    let (aggregates, versions): (Vec<Uuid>, Vec<i64>) = heads.iter().copied().unzip();
+    sqlx::query_scalar(
+        "SELECT o.aggregate_id
+         FROM unnest($1::uuid[], $2::bigint[]) AS head(aggregate_id, aggregate_version)
+         JOIN outbox o ON o.aggregate_id = head.aggregate_id
+                      AND o.aggregate_version = head.aggregate_version - 1
+         WHERE o.status <> 'sent'",
+    )
+    .bind(aggregates)
+    .bind(versions)
+    .fetch_all(pool)
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use sqlx::PgPool;
