@@ -830,3 +830,58 @@ async fn a_later_version_waits_in_the_outbox_behind_an_unsent_earlier_one_and_fo
     world.everything_delivered_once_in_order(&["wal"]).await;
     sigkill(&mut wal);
 }
+
+#[tokio::test]
+async fn a_slot_invalidated_by_max_slot_wal_keep_size_is_made_again_and_nothing_is_lost_or_doubled()
+{
+    let world = World::new().await;
+    write(&world.store, 2, 10).await;
+    let mut relay = world.relay("relay");
+    world.until_the_slot_is_read_and_everything_sent().await;
+    // The reader freezes; orders keep coming, and then enough other WAL that PostgreSQL gives the
+    // slot up at a checkpoint (it ends the reader's session to do so): what the slot held is gone.
+    signal(&relay, Signal::STOP);
+    write(&world.store, 2, 20).await;
+    for statement in [
+        "ALTER SYSTEM SET max_slot_wal_keep_size = '32MB'",
+        "SELECT pg_reload_conf()",
+        "CREATE TABLE filler AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 120000) AS g",
+        "CHECKPOINT",
+    ] {
+        sqlx::query(statement)
+            .execute(&world.pool)
+            .await
+            .expect(statement);
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "PostgreSQL invalidates the slot",
+        || async {
+            let _ = sqlx::query("CHECKPOINT").execute(&world.pool).await;
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'waybill_outbox'",
+            )
+            .fetch_optional(&world.pool)
+            .await
+            .expect("slot")
+            .flatten()
+            .as_deref()
+                == Some("lost")
+        },
+    )
+    .await;
+    // More orders while the slot is lost and nobody reads.
+    write(&world.store, 2, 10).await;
+    signal(&relay, Signal::CONT);
+    world.everything_delivered_once_in_order(&["relay"]).await;
+    assert!(
+        world.log("relay").contains("the slot cannot be read"),
+        "{}",
+        world.log("relay")
+    );
+    // A new slot is in place and read: what commits next is streamed.
+    write(&world.store, 2, 5).await;
+    world.until_the_slot_is_read_and_everything_sent().await;
+    world.everything_delivered_once_in_order(&["relay"]).await;
+    sigkill(&mut relay);
+}
