@@ -245,7 +245,7 @@ struct RunArgs {
     slot: String,
 
     /// With polling: claim even while a WAL relay reads --slot (both then publish every event; the
-    /// copies are deduplicated).
+    /// copies are deduplicated). Refused with --source wal; `run --once` never stands by anyway.
     #[arg(long)]
     ignore_slot: bool,
 
@@ -487,6 +487,12 @@ async fn relay_run(
         if args.once {
             return Err(ops::Refused::new(
                 "--once drains the outbox by polling; run it without --source wal",
+            )
+            .into());
+        }
+        if args.ignore_slot {
+            return Err(ops::Refused::new(
+                "--ignore-slot is for polling relays standing by for a WAL relay; a relay with --source wal reads the slot itself",
             )
             .into());
         }

@@ -201,6 +201,12 @@ async fn run_with_the_wal_source_refuses_what_it_cannot_do_before_connecting() {
     let (code, stderr) = refused(&["--once"], "postgres://u@127.0.0.1:1/db").await;
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--once"), "{stderr}");
+    let (code, stderr) = refused(&["--ignore-slot"], "postgres://u@127.0.0.1:1/db").await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--ignore-slot is for polling relays"),
+        "{stderr}"
+    );
     let (code, stderr) = refused(&["--slot", "no such; slot"], "postgres://u@127.0.0.1:1/db").await;
     assert_eq!(code, 2, "{stderr}");
     let (code, stderr) = refused(
