@@ -19,6 +19,8 @@ pub(crate) const SCRAPE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The counters read from each relay.
 const DUPLICATE_ACKS: &str = "waybill_relay_duplicate_acks_total";
 const FENCED: &str = "waybill_relay_fenced_total";
+/// The gauge a polling relay sets while it stands by for a WAL relay's slot (`run --slot`).
+const STANDING_BY: &str = "waybill_relay_standing_by";
 
 /// Reads a URL given to `--relay-metrics`: `http://host:port[/path]`, the path defaulting to the
 /// relay's `/metrics`.
@@ -46,6 +48,10 @@ pub(crate) struct RelayScrape {
     /// claimed rows, so a reachable relay without them has published nothing since it started (or
     /// the URL is not a relay's /metrics).
     pub exported: bool,
+    /// Whether it is a polling relay standing by for a WAL relay (claiming nothing while the WAL
+    /// relay reads the slot and keeps up); `None` when it exports no such gauge (a WAL relay, one
+    /// that never looked at a slot, or not a relay).
+    pub standing_by: Option<bool>,
     /// Samples of the two counters that were skipped as unreadable (NaN, negative, garbage).
     pub rejected_samples: usize,
     /// Why it could not be scraped.
@@ -105,14 +111,17 @@ async fn scrape(url: &Endpoint) -> RelayScrape {
         Ok(answer) => return failed(url, format!("answered {}, not 200", answer.status)),
         Err(error) => return failed(url, error),
     };
-    let [duplicates, fenced] =
-        prometheus::sums(&String::from_utf8_lossy(&body), [DUPLICATE_ACKS, FENCED]);
+    let [duplicates, fenced, standing_by] = prometheus::sums(
+        &String::from_utf8_lossy(&body),
+        [DUPLICATE_ACKS, FENCED, STANDING_BY],
+    );
     RelayScrape {
         url: url.to_string(),
         reachable: true,
         duplicate_acks: Some(duplicates.count()),
         fenced: Some(fenced.count()),
         exported: duplicates.samples + duplicates.rejected + fenced.samples + fenced.rejected > 0,
+        standing_by: (standing_by.samples > 0).then_some(standing_by.total > 0.0),
         rejected_samples: duplicates.rejected + fenced.rejected,
         error: None,
     }
@@ -126,6 +135,7 @@ fn failed(url: &Endpoint, error: String) -> RelayScrape {
         duplicate_acks: None,
         fenced: None,
         exported: false,
+        standing_by: None,
         rejected_samples: 0,
         error: Some(error),
     }

@@ -674,6 +674,8 @@ async fn the_relays_counters_are_scraped_from_their_metrics(pool: PgPool) {
     assert_eq!(relay["reachable"], true, "{metrics:#}");
     assert_eq!(relay["exported"], true, "{metrics:#}");
     assert_eq!(relay["error"], Value::Null, "{metrics:#}");
+    // A polling relay exports whether it stands by for a WAL relay's slot; nobody reads one here.
+    assert_eq!(relay["standing_by"], false, "{metrics:#}");
     let (duplicates, fenced) = (
         relay["duplicate_acks"].as_u64().expect("a count"),
         relay["fenced"].as_u64().expect("a count"),
@@ -743,6 +745,10 @@ async fn the_relays_counters_are_scraped_from_their_metrics(pool: PgPool) {
     assert!(
         dom.contains("data-unless=\"snapshot.relay.metrics.relays.0.reachable\" hidden=\"\""),
         "the reachable relay shows as unreachable:\n{dom}"
+    );
+    assert!(
+        dom.contains("data-when=\"snapshot.relay.metrics.relays.0.standing_by\" hidden=\"\""),
+        "a relay that claims shows as standing by:\n{dom}"
     );
     let second = text_of(&dom, "relay-metrics-1");
     assert!(second.contains("unreachable: cannot connect"), "{second}");

@@ -1,8 +1,8 @@
 //! The overview's relay stage: what the database knows of the relays (sessions connected, the last
 //! row sent, unsettled publishes, rows whose stream disagrees with the store — each named with both
 //! event ids), a WAL relay's replication slot (reader, lag in bytes and seconds, WAL retained), and
-//! the counters only the relays keep — duplicate PubAcks and fenced publishes, scraped from each
-//! relay's /metrics. One template, so that what else the console learns about the relays gets a
+//! the counters only the relays keep — duplicate PubAcks and fenced publishes, and whether a polling
+//! relay stands by for a WAL relay — scraped from each relay's /metrics. One template, so that what else the console learns about the relays gets a
 //! place of its own here.
 
 use maud::{Markup, html};
@@ -167,6 +167,10 @@ fn counters(f: &Fields, metrics: &RelayMetricsView) -> Markup {
                     (f.when(&format!("{at}.reachable"), html! {
                         "duplicates " (f.field(&format!("{at}.duplicate_acks"), Format::Count))
                         " · fenced " (f.field(&format!("{at}.fenced"), Format::Count))
+                        (f.when(&format!("{at}.standing_by"), html! {
+                            strong data-testid={ "relay-standing-by-" (i) } { "standing by" }
+                            " for the WAL relay reading its slot: it claims nothing while that one keeps up"
+                        }))
                         (f.unless(&format!("{at}.exported"), html! {
                             span.muted {
                                 "not exported yet: nothing claimed since it started, or not a relay"
