@@ -49,6 +49,9 @@ pub enum Outcome {
         ambiguous: bool,
         /// The fence found the stream disagreeing with the store (kept on the row).
         divergence: Option<Divergence>,
+        /// The stream refused the expected sequence and the caller asked to decide itself
+        /// ([`OnRefusal::Return`]): nothing was published.
+        fence_moved: bool,
     },
     /// Not published in this step: an earlier version failed, the step ran out of time, the broker is
     /// disconnected, or the relay is stopping.
@@ -61,8 +64,23 @@ impl Outcome {
             error,
             ambiguous,
             divergence: None,
+            fence_moved: false,
         }
     }
+}
+
+/// What a publish does when the stream refuses the sequence it expected (error 10071).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRefusal {
+    /// Read the subject and decide ([`crate::fence`]): a claim's rows, whose expected sequence was
+    /// read from the predecessor's row, which the outbox says is sent.
+    Judge,
+    /// Return [`Outcome::Failed`] with `fence_moved`: the WAL relay's rows, whose expected sequence
+    /// is its memory of what it published. The subject moving past that memory means the stream lost
+    /// or gained messages behind its back (a repair rewound the predecessor, a copy was published by
+    /// hand); judging from the subject would let the row follow an earlier version with its own
+    /// predecessor unsent, so polling, which claims in the outbox's order, decides instead.
+    Return,
 }
 
 /// Publishes every run; returns one outcome per row, in the same shape as `runs`.
@@ -76,6 +94,7 @@ pub async fn publish_runs(
     deadline: Instant,
     stopping: &Arc<AtomicBool>,
     faults: PublishFaults,
+    on_refusal: OnRefusal,
 ) -> Vec<Vec<Outcome>> {
     let client = jetstream.client();
     let stream = match jetstream.get_stream_no_info(stream).await {
@@ -102,6 +121,7 @@ pub async fn publish_runs(
         deadline,
         stopping,
         faults,
+        on_refusal,
         partitions: tokio::sync::OnceCell::new(),
     };
     let mut results = vec![Vec::new(); runs.len()];
@@ -131,6 +151,7 @@ struct ChainPublisher<'a> {
     deadline: Instant,
     stopping: &'a AtomicBool,
     faults: PublishFaults,
+    on_refusal: OnRefusal,
     /// The partitions the stream splits (its subject transform), read once per step and only when a
     /// subject must be read back: the relay publishes to `<prefix>.<type>.<id>`, a split stream
     /// stores under `<prefix>.<K>.<type>.<id>`, and the fence reads what is stored.
@@ -215,9 +236,19 @@ impl ChainPublisher<'_> {
                     ..
                 }) => return self.check_duplicate(row, subject, sequence, latency).await,
                 Attempt::Done(outcome) => return outcome,
-                // The subject moved on without us: read it and decide again.
+                // The subject moved on without us: read it and decide again, or let the caller.
                 Attempt::WrongLastSequence(refusal) => {
                     tracing::debug!(event_id = %row.event_id, expected = expect, %refusal, "fence refused the publish");
+                    if self.on_refusal == OnRefusal::Return {
+                        return Outcome::Failed {
+                            error: format!(
+                                "the stream refused stream sequence {expect} as the subject's last: {refusal}"
+                            ),
+                            ambiguous: false,
+                            divergence: None,
+                            fence_moved: true,
+                        };
+                    }
                     expected = None;
                 }
             }
@@ -326,6 +357,7 @@ fn diverged(row: &ClaimedRow, subject: &str, divergence: Divergence) -> Outcome 
         error,
         ambiguous: false,
         divergence: Some(divergence),
+        fence_moved: false,
     }
 }
 

@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::claim::{self, ClaimedRow, claim, into_runs, row_ids};
 use crate::config::RelayConfig;
 use crate::metrics;
-use crate::publish::{Outcome, publish_runs};
+use crate::publish::{OnRefusal, Outcome, publish_runs};
 pub use crate::step_report::StepReport;
 use store::outbox::relaying::{self, SentRow, Settlement, journal, settle};
 
@@ -127,6 +127,7 @@ pub async fn step(
         deadline,
         stopping,
         config.faults(),
+        OnRefusal::Judge,
     )
     .await;
     let settlement = assess(&runs, &outcomes, &maybe_published, config, &mut report);
@@ -243,6 +244,7 @@ fn assess(
                     error,
                     ambiguous,
                     divergence,
+                    ..
                 } => {
                     if let Some(divergence) = divergence {
                         report.divergences += 1;

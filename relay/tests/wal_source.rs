@@ -62,17 +62,19 @@ impl World {
 
     /// Starts a relay reading `source` (`wal` or `poll`) whose log goes to `<name>.log`.
     fn spawn_relay(&self, name: &str, source: &str) -> Child {
-        self.spawn_relay_via(name, source, &self.nats_url)
+        self.spawn_relay_via(name, source, &self.nats_url, &[])
     }
 
-    /// [`World::spawn_relay`] reaching NATS at `nats_url` (a proxy a test can take away).
-    fn spawn_relay_via(&self, name: &str, source: &str, nats_url: &str) -> Child {
+    /// [`World::spawn_relay`] reaching NATS at `nats_url` (a proxy a test can take away), with
+    /// `extra` arguments.
+    fn spawn_relay_via(&self, name: &str, source: &str, nats_url: &str, extra: &[&str]) -> Child {
         let log = std::fs::File::create(self.log_path(name)).expect("log file");
         Command::new(RELAY)
             .args(["run", "--source", source, "--relay-id", name])
             .args(["--database-url", &self.url, "--nats-url", nats_url])
             .args(["--stream", STREAM, "--subject-prefix", PREFIX])
             .args(["--backoff", "100ms", "--publish-timeout", "2s"])
+            .args(extra)
             .env("RUST_LOG", "info,relay=debug")
             .stdout(Stdio::null())
             .stderr(log)
@@ -679,8 +681,12 @@ async fn a_polling_standby_claims_beside_a_wal_relay_cut_off_from_nats() {
     let proxy = testkit::CutProxy::start(([127, 0, 0, 1], nats_port).into())
         .await
         .expect("a proxy to NATS");
-    let mut wal =
-        world.spawn_relay_via("wal", "wal", &format!("nats://127.0.0.1:{}", proxy.port()));
+    let mut wal = world.spawn_relay_via(
+        "wal",
+        "wal",
+        &format!("nats://127.0.0.1:{}", proxy.port()),
+        &[],
+    );
     world.until_the_slot_is_read_and_everything_sent().await;
     let mut polling = world.spawn_relay("polling", "poll");
     world.until_it_stands_by("polling").await;
@@ -884,4 +890,63 @@ async fn a_slot_invalidated_by_max_slot_wal_keep_size_is_made_again_and_nothing_
     world.until_the_slot_is_read_and_everything_sent().await;
     world.everything_delivered_once_in_order(&["relay"]).await;
     sigkill(&mut relay);
+}
+
+#[tokio::test]
+async fn a_version_after_one_rewound_by_outbox_repair_waits_for_it() {
+    let world = World::new().await;
+    // A short dedupe window, so that the rewound version can be published again soon.
+    let mut wal =
+        world.spawn_relay_via("wal", "wal", &world.nats_url, &["--duplicate-window", "2s"]);
+    world.until_the_slot_is_read_and_everything_sent().await;
+    // The session publishes versions 1 and 2 itself: it knows version 2's stream sequence.
+    let order = testkit::place_order(&world.store, "c", &["MUG:1:100"]).await;
+    testkit::pay_order(&world.store, order).await;
+    wait_until(
+        Duration::from_secs(30),
+        "placed and paid delivered",
+        || async { world.stream_messages().await == 2 && world.unsent().await == 0 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The stream loses version 2, and an operator repairs the order as `outbox repair --apply`
+    // does: version 1 agrees, version 2 is set pending again.
+    let paid_at: i64 = sqlx::query_scalar(
+        "SELECT stream_seq FROM outbox WHERE aggregate_id = $1 AND aggregate_version = 2",
+    )
+    .bind(order.as_uuid())
+    .fetch_one(&world.pool)
+    .await
+    .expect("the payment's stream sequence");
+    let client = async_nats::connect(&world.nats_url).await.expect("NATS");
+    let stream = async_nats::jetstream::new(client)
+        .get_stream(STREAM)
+        .await
+        .expect("the stream");
+    stream
+        .delete_message(u64::try_from(paid_at).expect("a sequence"))
+        .await
+        .expect("version 2 deleted");
+    let plan = relay::repair::plan(&world.pool, &stream, PREFIX, order.as_uuid())
+        .await
+        .expect("a plan");
+    assert_eq!(
+        (plan.agreeing_versions, plan.republish.clone()),
+        (1, vec![2])
+    );
+    relay::repair::apply(&world.pool, &stream, plan)
+        .await
+        .expect("repaired");
+    // A new version at once, well before the pass that delivers the rewound one: the session's fence
+    // (version 2) is refused, and the shipment must not follow version 1.
+    testkit::ship_order(&world.store, order).await;
+    world.everything_delivered_once_in_order(&["wal"]).await;
+    assert!(
+        world
+            .log("wal")
+            .contains("moved past what this session published"),
+        "{}",
+        world.log("wal")
+    );
+    sigkill(&mut wal);
 }

@@ -28,7 +28,7 @@ use super::pgoutput::{Change, Relations, decode};
 use super::slot;
 use crate::claim::ClaimedRow;
 use crate::metrics;
-use crate::publish::{Outcome, publish_runs};
+use crate::publish::{OnRefusal, Outcome, publish_runs};
 use crate::{Relay, RunSummary};
 
 /// The slot and publication a WAL relay reads.
@@ -456,6 +456,9 @@ impl Session<'_> {
                 deadline,
                 &self.stopping,
                 config.faults(),
+                // Its fences are this session's memory: a subject that moved past one is for polling
+                // to judge, in the outbox's order.
+                OnRefusal::Return,
             )
             .await;
             let before = summary.clone();
@@ -490,10 +493,22 @@ impl Session<'_> {
                             }
                         }
                         Outcome::Failed {
-                            error, divergence, ..
+                            error,
+                            divergence,
+                            fence_moved,
+                            ..
                         } if rest.is_empty() => {
-                            summary.failed += 1;
-                            if let Some(divergence) = divergence {
+                            // A moved fence is a hand-over, not a failed publish: nothing was sent.
+                            summary.failed += u64::from(!fence_moved);
+                            if fence_moved {
+                                // The stream lost or gained messages of this aggregate since this
+                                // session published its previous version (`outbox repair` may have
+                                // rewound that version): forget the fence, and let polling deliver
+                                // the aggregate from the outbox, in its order.
+                                tracing::info!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, error, "the aggregate's subject moved past what this session published; polling delivers this aggregate for now");
+                                self.fences.remove(&row.aggregate_id);
+                                diverged.insert(row.aggregate_id);
+                            } else if let Some(divergence) = divergence {
                                 // The stream disagrees with the store about this aggregate: no retry
                                 // here will change that, and the other aggregates must not wait for
                                 // it. Polling records the divergence on the row, retries with backoff
@@ -521,7 +536,15 @@ impl Session<'_> {
                 summary.failed - before.failed,
             );
             if self.fences.len() > FENCES_KEPT {
-                self.fences.clear();
+                // Forget all but this batch's: their mark may still be running, and without their
+                // fences the next batch's check would find their rows unsent and hand the aggregates
+                // after them to polling. By the next batch every earlier mark has ended (a mark
+                // starts once the one before it has): their rows read as sent.
+                let kept: HashMap<Uuid, (i64, u64)> = delivered
+                    .iter()
+                    .filter_map(|row| Some((row.aggregate, *self.fences.get(&row.aggregate)?)))
+                    .collect();
+                self.fences = kept;
             }
             if !delivered.is_empty() {
                 self.mark(delivered, summary).await?;
