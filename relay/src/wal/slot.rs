@@ -66,7 +66,17 @@ pub fn replication_config(
     } else {
         decode(database)?
     };
-    let host = query("host").unwrap_or_else(|| url.host_str().unwrap_or("localhost").to_owned());
+    // The replication client speaks TCP only: a URL that names a Unix socket's directory (`host=/…`,
+    // which the relay's other sessions use) is reached at the URL's own host over TCP, on the same
+    // port, rather than taken for a host name that cannot resolve.
+    let host = match query("host") {
+        Some(host) if !host.starts_with('/') => host,
+        _ => url
+            .host_str()
+            .filter(|host| !host.is_empty())
+            .unwrap_or("localhost")
+            .to_owned(),
+    };
     let port = url.port().unwrap_or(5432);
     Ok(
         ReplicationConfig::new(host, user, password, database, slot, publication)
@@ -461,6 +471,22 @@ mod tests {
         for bad in ["", "Outbox", "a-b", "x; DROP", &"a".repeat(64), "ü"] {
             assert!(check_name("slot", bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_socket_directory_in_the_url_is_reached_over_tcp_at_the_urls_host() {
+        let config = replication_config(
+            "postgres://relay@127.0.0.1:6543/shop?sslmode=disable&host=/var/run/postgresql",
+            "s",
+            "p",
+        )
+        .expect("a config");
+        assert_eq!((config.host.as_str(), config.port), ("127.0.0.1", 6543));
+        let config = replication_config("postgres:///shop?host=/tmp", "s", "p").expect("a config");
+        assert_eq!((config.host.as_str(), config.port), ("localhost", 5432));
+        let config = replication_config("postgres://relay@127.0.0.1/shop?host=db.local", "s", "p")
+            .expect("a config");
+        assert_eq!(config.host, "db.local");
     }
 
     #[test]
