@@ -950,3 +950,91 @@ async fn a_version_after_one_rewound_by_outbox_repair_waits_for_it() {
     );
     sigkill(&mut wal);
 }
+
+/// Operators' updates racing the stream, for half a minute: while ten writers place, pay and ship
+/// orders, a task keeps setting the newest sent row of a random unfinished order back to pending (as
+/// `outbox repair` does) or dead (as polling parks poison), and now and then replays every dead row,
+/// while the WAL relay is SIGKILLed and restarted every 2.5 s (every session starts knowing no
+/// aggregate, so each one's first version read is checked against the outbox). Every event ends up in
+/// the stream once and in order. The rows touched here are in the stream already, so their copies
+/// are deduplicated or fenced; versions that never reached it are the tests above.
+#[tokio::test]
+async fn rows_made_due_dead_and_replayed_while_writers_append_and_the_relay_restarts_stay_in_order()
+{
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let world = World::new().await;
+    let mut wal = world.relay("wal");
+    world.until_the_slot_is_read_and_everything_sent().await;
+    let writers = {
+        let store = world.store.clone();
+        tokio::spawn(async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            for writer in 0..10 {
+                let store = store.clone();
+                tasks.spawn(async move {
+                    for _ in 0..40 {
+                        let id =
+                            testkit::place_order(&store, &format!("w{writer}"), &["MUG:1:100"])
+                                .await;
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        testkit::pay_order(&store, id).await;
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        testkit::ship_order(&store, id).await;
+                    }
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.expect("a writer");
+            }
+        })
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let operators = {
+        let pool = world.pool.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            const NEWEST_SENT_OF_AN_UNFINISHED_ORDER: &str = "(SELECT id FROM outbox o
+                 WHERE status = 'sent' AND aggregate_version < 3 AND NOT EXISTS (
+                     SELECT 1 FROM outbox n
+                     WHERE n.aggregate_id = o.aggregate_id AND n.aggregate_version > o.aggregate_version)
+                 ORDER BY random() LIMIT 1)";
+            let mut round = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                round += 1;
+                let statement = match round % 30 {
+                    29 => "UPDATE outbox SET status = 'pending', attempts = 0, next_run_at = now(),
+                                dead_at = NULL, dead_reason = NULL WHERE status = 'dead'"
+                        .to_owned(),
+                    r if r % 2 == 0 => format!(
+                        "UPDATE outbox SET status = 'pending', sent_at = NULL, next_run_at = now()
+                         WHERE id = {NEWEST_SENT_OF_AN_UNFINISHED_ORDER}"
+                    ),
+                    _ => format!(
+                        "UPDATE outbox SET status = 'dead', dead_at = now(), sent_at = NULL
+                         WHERE id = {NEWEST_SENT_OF_AN_UNFINISHED_ORDER}"
+                    ),
+                };
+                let _ = sqlx::query(sqlx::AssertSqlSafe(statement))
+                    .execute(&pool)
+                    .await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            store::outbox::admin::replay_dead(&pool, &store::outbox::admin::ReplayTarget::All)
+                .await
+                .expect("every dead row replayed");
+        })
+    };
+    while !writers.is_finished() {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        sigkill(&mut wal);
+        let _ = wal.wait().await;
+        wal = world.relay("wal");
+    }
+    writers.await.expect("writers");
+    stop.store(true, Ordering::Relaxed);
+    operators.await.expect("operators");
+    world.everything_delivered_once_in_order(&["wal"]).await;
+    sigkill(&mut wal);
+}
