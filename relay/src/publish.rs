@@ -7,7 +7,9 @@
 //!
 //! Every publish is fenced: it carries `Nats-Expected-Last-Subject-Sequence`, the stream sequence of
 //! the aggregate's previous version (from its row for a head, from the previous PubAck within a chain).
-//! A refusal (10071) is judged from the subject's last message ([`crate::fence`]).
+//! A refusal (10071) is judged from the subject's last message ([`crate::fence`]); the WAL relay's
+//! remembered fences are read the same way but never followed back to an earlier version
+//! ([`OnRefusal::Return`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,11 +77,13 @@ pub enum OnRefusal {
     /// Read the subject and decide ([`crate::fence`]): a claim's rows, whose expected sequence was
     /// read from the predecessor's row, which the outbox says is sent.
     Judge,
-    /// Return [`Outcome::Failed`] with `fence_moved`: the WAL relay's rows, whose expected sequence
-    /// is its memory of what it published. The subject moving past that memory means the stream lost
-    /// or gained messages behind its back (a repair rewound the predecessor, a copy was published by
-    /// hand); judging from the subject would let the row follow an earlier version with its own
-    /// predecessor unsent, so polling, which claims in the outbox's order, decides instead.
+    /// For a chain's first row that expects its predecessor's sequence (a version after the
+    /// first, `previous_sequence` set): judge, but where the subject's last message is an earlier
+    /// version, return [`Outcome::Failed`] with `fence_moved` instead of following it. The WAL
+    /// relay's rows: that sequence is its memory of what it published, and a subject that moved
+    /// back past it lost messages behind its back (`outbox repair` rewound the predecessor);
+    /// following the earlier version would put the row ahead of its own unsent predecessor, so
+    /// polling, which claims in the outbox's order, decides instead. Other rows are judged as always.
     Return,
 }
 
@@ -183,6 +187,9 @@ impl ChainPublisher<'_> {
             .first()
             .and_then(|head| head.previous_sequence)
             .and_then(|sequence| u64::try_from(sequence).ok());
+        let mut remembered = run
+            .first()
+            .is_some_and(|head| head.aggregate_version > 1 && expected.is_some());
         for row in run {
             // Stopping, out of time, or the broker is gone: leave the rest pending, untouched. A publish
             // into a disconnected client would only wait for its timeout and burn an attempt.
@@ -192,7 +199,10 @@ impl ChainPublisher<'_> {
             {
                 break;
             }
-            let outcome = self.publish_fenced(row, &subject, expected).await;
+            let outcome = self
+                .publish_fenced(row, &subject, expected, remembered)
+                .await;
+            remembered = false;
             expected = match &outcome {
                 Outcome::Sent { sequence, .. } => Some(*sequence),
                 _ => None,
@@ -208,12 +218,13 @@ impl ChainPublisher<'_> {
     }
 
     /// Publishes `row` on `subject` expecting `expected` as the subject's last sequence (`None`: ask
-    /// the stream).
+    /// the stream); `remembered`: that expectation is the caller's memory ([`OnRefusal::Return`]).
     async fn publish_fenced(
         &self,
         row: &ClaimedRow,
         subject: &Subject,
         expected: Option<u64>,
+        remembered: bool,
     ) -> Outcome {
         let mut expected = expected;
         for _ in 0..FENCE_ROUNDS {
@@ -239,21 +250,40 @@ impl ChainPublisher<'_> {
                 // The subject moved on without us: read it and decide again, or let the caller.
                 Attempt::WrongLastSequence(refusal) => {
                     tracing::debug!(event_id = %row.event_id, expected = expect, %refusal, "fence refused the publish");
-                    if self.on_refusal == OnRefusal::Return {
-                        return Outcome::Failed {
-                            error: format!(
-                                "the stream refused stream sequence {expect} as the subject's last: {refusal}"
-                            ),
-                            ambiguous: false,
-                            divergence: None,
-                            fence_moved: true,
-                        };
+                    if remembered && self.on_refusal == OnRefusal::Return {
+                        return self.judge_moved(row, subject, expect, &refusal).await;
                     }
                     expected = None;
                 }
             }
         }
         diverged(row, subject, fence::unsettled(FENCE_ROUNDS))
+    }
+
+    /// [`OnRefusal::Return`]'s reading of a refused remembered fence: the stream holding this very
+    /// event (another relay published it) is a delivery, a subject that contradicts the store is a
+    /// divergence as always, and only a subject whose last message is an earlier version — the row
+    /// would follow it with its predecessor missing — is returned as moved, for the caller to decide.
+    async fn judge_moved(
+        &self,
+        row: &ClaimedRow,
+        subject: &Subject,
+        expected: u64,
+        refusal: &str,
+    ) -> Outcome {
+        match self.judge(row).await {
+            Ok(Judgement::Delivered(sequence)) => fenced(row, sequence),
+            Ok(Judgement::Diverged(divergence)) => diverged(row, subject, divergence),
+            Ok(Judgement::Expect(last)) => Outcome::Failed {
+                error: format!(
+                    "expected stream sequence {expected} as the subject's last ({refusal}); it is {last}, an earlier version"
+                ),
+                ambiguous: false,
+                divergence: None,
+                fence_moved: true,
+            },
+            Err(error) => Outcome::failed(error, false),
+        }
     }
 
     /// A duplicate PubAck says JetStream remembers the event's id, not that it still holds the message:

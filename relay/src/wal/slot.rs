@@ -47,7 +47,7 @@ pub fn replication_config(
     {
         return Err(ops::Refused::new(format!(
             "sslmode={mode}: the WAL relay's replication connection has no TLS yet \
-             (docs/decisions/relay-wal.md); reach PostgreSQL over loopback or a socket, or use \
+             (docs/decisions/relay-wal.md); reach PostgreSQL over loopback, or use \
              --source poll"
         )));
     }
@@ -66,18 +66,21 @@ pub fn replication_config(
     } else {
         decode(database)?
     };
-    // The replication client speaks TCP only: a URL that names a Unix socket's directory (`host=/…`,
-    // which the relay's other sessions use) is reached at the URL's own host over TCP, on the same
-    // port, rather than taken for a host name that cannot resolve.
-    let host = match query("host") {
-        Some(host) if !host.starts_with('/') => host,
-        _ => url
-            .host_str()
-            .filter(|host| !host.is_empty())
-            .unwrap_or("localhost")
-            .to_owned(),
-    };
-    let port = url.port().unwrap_or(5432);
+    // Where the relay's other sessions connect, read as sqlx reads the URL (`hostaddr`, then `host`,
+    // then the URL's host, percent-decoded; `port`, then the URL's port). The replication client
+    // speaks TCP only: a Unix socket's directory (`host=/var/run/postgresql`) is reached over TCP on
+    // this machine instead, at the same port — which pg_hba.conf's `host` lines must then allow —
+    // rather than taken for a host name that cannot resolve.
+    let url_host = url.host_str().map(decode).transpose()?;
+    let host = [query("hostaddr"), query("host"), url_host]
+        .into_iter()
+        .flatten()
+        .find(|host| !host.is_empty() && !host.starts_with('/'))
+        .unwrap_or_else(|| "localhost".to_owned());
+    let port = query("port")
+        .and_then(|port| port.parse().ok())
+        .or(url.port())
+        .unwrap_or(5432);
     Ok(
         ReplicationConfig::new(host, user, password, database, slot, publication)
             .with_port(port)
@@ -194,6 +197,15 @@ pub async fn drop_slot(pool: &PgPool, name: &str) -> sqlx::Result<bool> {
     .execute(pool)
     .await?;
     Ok(dropped.rows_affected() > 0)
+}
+
+/// The server's WAL position now (how far it has written), as a number.
+pub async fn current_position(pool: &PgPool) -> sqlx::Result<u64> {
+    let position: i64 =
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8")
+            .fetch_one(pool)
+            .await?;
+    Ok(u64::try_from(position).unwrap_or_default())
 }
 
 /// Where slot `name`'s reader last confirmed, as a WAL position.
@@ -487,6 +499,17 @@ mod tests {
         let config = replication_config("postgres://relay@127.0.0.1/shop?host=db.local", "s", "p")
             .expect("a config");
         assert_eq!(config.host, "db.local");
+        // The socket's port and the percent-encoded form sqlx also reads.
+        let config = replication_config(
+            "postgres:///shop?host=/var/run/postgresql&port=5433",
+            "s",
+            "p",
+        )
+        .expect("a config");
+        assert_eq!((config.host.as_str(), config.port), ("localhost", 5433));
+        let config = replication_config("postgres://%2Fvar%2Frun%2Fpostgresql:5434/shop", "s", "p")
+            .expect("a config");
+        assert_eq!((config.host.as_str(), config.port), ("localhost", 5434));
     }
 
     #[test]

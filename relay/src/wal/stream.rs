@@ -181,6 +181,8 @@ impl Relay {
                 "drained the outbox before streaming"
             );
         }
+        // What the slot replays up to here was committed before the drain ended: some of it is sent.
+        let drained_through = slot::current_position(self.pool()).await?;
         let confirmed = slot::confirmed_position(self.pool(), &source.slot)
             .await?
             .unwrap_or(0);
@@ -208,6 +210,8 @@ impl Relay {
             handed_over: HashSet::new(),
             open: Vec::new(),
             batch: Vec::new(),
+            drained_through,
+            replay_skipped: 0,
             marking: None,
             stopping: stopping.clone(),
         };
@@ -342,8 +346,13 @@ struct Session<'a> {
     handed_over: HashSet<Uuid>,
     /// The rows of the transaction being read.
     open: Vec<ClaimedRow>,
-    /// Committed transactions read and not yet delivered.
-    batch: Vec<(Ticket, Vec<ClaimedRow>)>,
+    /// Committed transactions read and not yet delivered, each with whether it committed before the
+    /// session's opening drain ended (a replay: its rows may be sent already).
+    batch: Vec<(Ticket, Vec<ClaimedRow>, bool)>,
+    /// The server's WAL position when the opening drain ended.
+    drained_through: u64,
+    /// Replayed rows found sent and not published again, this session.
+    replay_skipped: u64,
     /// The mark of the last delivered rows, running while the next batch is published.
     marking: Option<JoinHandle<anyhow::Result<Marked>>>,
     stopping: Arc<AtomicBool>,
@@ -371,7 +380,7 @@ struct Marked {
 
 impl Session<'_> {
     fn batch_rows(&self) -> usize {
-        self.batch.iter().map(|(_, rows)| rows.len()).sum()
+        self.batch.iter().map(|(_, rows, _)| rows.len()).sum()
     }
 
     /// Takes one replication event into the ledger and the batch.
@@ -396,9 +405,21 @@ impl Session<'_> {
             },
             ReplicationEvent::Commit { end_lsn, .. } => {
                 let rows = std::mem::take(&mut self.open);
-                let ticket = self.ledger.commit(end_lsn.as_u64(), rows.len());
+                let end = end_lsn.as_u64();
+                let ticket = self.ledger.commit(end, rows.len());
+                let replayed = end <= self.drained_through;
+                if !replayed && self.drained_through > 0 {
+                    if self.replay_skipped > 0 {
+                        tracing::info!(
+                            rows = self.replay_skipped,
+                            "the slot's replay of rows delivered before streaming is over; they were not published again"
+                        );
+                    }
+                    // Once past, every later commit is new.
+                    self.drained_through = 0;
+                }
                 if !rows.is_empty() {
-                    self.batch.push((ticket, rows));
+                    self.batch.push((ticket, rows, replayed));
                 }
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => self.ledger.keepalive(wal_end.as_u64()),
@@ -412,11 +433,17 @@ impl Session<'_> {
     /// row fails `max_attempts` times is handed over to polling with its unsent rows.
     async fn deliver(&mut self, summary: &mut RunSummary) -> anyhow::Result<()> {
         let batch = std::mem::take(&mut self.batch);
+        let sent = self.sent_already(&batch).await?;
         let mut tickets: HashMap<i64, Ticket> = HashMap::new();
         let mut chains: Vec<Vec<ClaimedRow>> = Vec::new();
         let mut chain_of: HashMap<Uuid, usize> = HashMap::new();
-        for (ticket, rows) in batch {
+        for (ticket, rows, _) in batch {
             for row in rows {
+                if sent.contains(&row.id) {
+                    // Delivered since it was written (by the opening drain, mostly): done.
+                    self.ledger.done(ticket, 1);
+                    continue;
+                }
                 tickets.insert(row.id, ticket);
                 if self.handed_over.contains(&row.aggregate_id) {
                     // Polling delivers it, after the rows before it.
@@ -501,11 +528,10 @@ impl Session<'_> {
                             // A moved fence is a hand-over, not a failed publish: nothing was sent.
                             summary.failed += u64::from(!fence_moved);
                             if fence_moved {
-                                // The stream lost or gained messages of this aggregate since this
-                                // session published its previous version (`outbox repair` may have
-                                // rewound that version): forget the fence, and let polling deliver
-                                // the aggregate from the outbox, in its order.
-                                tracing::info!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, error, "the aggregate's subject moved past what this session published; polling delivers this aggregate for now");
+                                // The stream lost the version this session published before this
+                                // one (`outbox repair` may have rewound it): forget the fence, and
+                                // let polling deliver the aggregate from the outbox, in its order.
+                                tracing::warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, error, "the stream no longer holds the version this session published before this one; polling delivers this aggregate for now");
                                 self.fences.remove(&row.aggregate_id);
                                 diverged.insert(row.aggregate_id);
                             } else if let Some(divergence) = divergence {
@@ -536,10 +562,10 @@ impl Session<'_> {
                 summary.failed - before.failed,
             );
             if self.fences.len() > FENCES_KEPT {
-                // Forget all but this batch's: their mark may still be running, and without their
-                // fences the next batch's check would find their rows unsent and hand the aggregates
-                // after them to polling. By the next batch every earlier mark has ended (a mark
-                // starts once the one before it has): their rows read as sent.
+                // Forget all but this batch's: once the running mark has ended, theirs are the only
+                // delivered rows not yet marked, and without their fences the next batch's check
+                // would find them unsent and hand the aggregates after them to polling.
+                self.finish_mark(summary).await?;
                 let kept: HashMap<Uuid, (i64, u64)> = delivered
                     .iter()
                     .filter_map(|row| Some((row.aggregate, *self.fences.get(&row.aggregate)?)))
@@ -585,6 +611,32 @@ impl Session<'_> {
         }
         summary.steps += 1;
         Ok(())
+    }
+
+    /// Of the batch's replayed rows (committed before the opening drain ended), those the outbox has
+    /// marked sent. After a relay was down for a while, the slot replays everything written
+    /// meanwhile, which the drain has just delivered: publishing it again costs a publish, a fence
+    /// refusal and a read of the subject per event (the dedupe window is long past) while new events
+    /// wait behind it. A row marked sent is in the stream as far as every relay is concerned (polling
+    /// trusts the mark the same way). One statement per batch, during the replay only.
+    async fn sent_already(
+        &mut self,
+        batch: &[(Ticket, Vec<ClaimedRow>, bool)],
+    ) -> anyhow::Result<HashSet<i64>> {
+        let replayed: Vec<i64> = batch
+            .iter()
+            .filter(|(_, _, replayed)| *replayed)
+            .flat_map(|(_, rows, _)| rows.iter().map(|row| row.id))
+            .collect();
+        if replayed.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let sent: HashSet<i64> = store::outbox::relaying::sent_among(self.relay.pool(), &replayed)
+            .await?
+            .into_iter()
+            .collect();
+        self.replay_skipped += sent.len() as u64;
+        Ok(sent)
     }
 
     /// Hands over to polling every chain whose first row's predecessor is unsent in the outbox, and

@@ -509,6 +509,16 @@ pub async fn unsent_aggregates(pool: &PgPool, aggregates: &[Uuid]) -> sqlx::Resu
     .await
 }
 
+/// Of the outbox rows `ids`, those marked sent: a WAL relay's slot replays rows that its session's
+/// opening drain (or another relay) has delivered since, and publishing them again would only be
+/// answered as a duplicate, or refused by the fence once the dedupe window has passed.
+pub async fn sent_among(pool: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar("SELECT id FROM outbox WHERE id = ANY($1) AND status = 'sent'")
+        .bind(ids)
+        .fetch_all(pool)
+        .await
+}
+
 /// Of `heads` (an aggregate and the version about to be published), the aggregates whose previous
 /// version is in the outbox and not sent: dead, failing, or made due again by an update. Publishing
 /// the head would put it on the stream before its predecessor (the claim's own rule, for a reader
