@@ -124,6 +124,10 @@ pub fn describe() {
         "waybill_relay_wal_slot_active",
         "With --source wal: 1 while a session reads the slot (this relay or another), 0 while none does."
     );
+    describe_counter!(
+        "waybill_relay_wal_handovers_total",
+        "With --source wal: aggregates handed to the relay's polling passes, by reason: unsent_predecessor (an earlier version is unsent in the outbox: dead, failing or replayed), fence_moved (the stream lost the version published before), diverged, failing (publishing failed twice with the broker there), unseen (a row's transaction not visible to its mark)."
+    );
     describe_gauge!(
         "waybill_relay_wal_slot_safe_bytes",
         Unit::Bytes,
@@ -154,6 +158,11 @@ pub fn record_wal_publishes(published: u64, duplicates: u64, fenced: u64, failed
     counter!("waybill_relay_duplicate_acks_total").increment(duplicates);
     counter!("waybill_relay_fenced_total").increment(fenced);
     counter!("waybill_relay_retries_total").increment(failed);
+}
+
+/// An aggregate the WAL relay handed to its polling passes, and why.
+pub fn record_wal_handover(reason: &'static str) {
+    counter!("waybill_relay_wal_handovers_total", "reason" => reason).increment(1);
 }
 
 /// Sent rows deleted by the retention sweep.

@@ -249,6 +249,21 @@ async fn write(store: &EventStore, writers: usize, orders: usize) {
     }
 }
 
+/// The relay's `/metrics` on `port`, by a plain HTTP/1.0 GET.
+async fn get_metrics(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("the metrics endpoint");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .expect("a request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("an answer");
+    answer
+}
+
 fn sigkill(child: &mut Child) {
     child.start_kill().expect("SIGKILL");
 }
@@ -798,7 +813,14 @@ async fn a_later_version_waits_in_the_outbox_behind_an_unsent_earlier_one_and_fo
     .execute(&world.pool)
     .await
     .expect("the payment dead");
-    let mut wal = world.relay("wal");
+    let metrics_port = testkit::free_ports(1).expect("a port")[0];
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
+    let mut wal = world.spawn_relay_via(
+        "wal",
+        "wal",
+        &world.nats_url,
+        &["--metrics-listen", &metrics_listen],
+    );
     wait_until(
         Duration::from_secs(60),
         "the WAL relay reads the slot and delivered the placement",
@@ -826,6 +848,11 @@ async fn a_later_version_waits_in_the_outbox_behind_an_unsent_earlier_one_and_fo
         world.log("wal")
     );
     assert_eq!(world.unsent().await, 2, "the dead payment and the shipment");
+    let metrics = get_metrics(metrics_port).await;
+    assert!(
+        metrics.contains("waybill_relay_wal_handovers_total{reason=\"unsent_predecessor\"} 1"),
+        "{metrics}"
+    );
     // An operator replays the payment (`dead replay`): the WAL relay's polling pass delivers it,
     // then the shipment, in order.
     let replayed =

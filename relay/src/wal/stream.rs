@@ -57,6 +57,33 @@ const UNSEEN_PAUSE: Duration = Duration::from_millis(1);
 /// How often the slot's lag is read into the metrics.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
+/// Why an aggregate goes to polling: the `reason` of `waybill_relay_wal_handovers_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HandOver {
+    /// An earlier version of it is unsent in the outbox.
+    UnsentPredecessor,
+    /// The stream no longer holds the version this session published before.
+    FenceMoved,
+    /// The fence found the stream disagreeing with the store.
+    Diverged,
+    /// Publishing failed [`IN_STREAM_ATTEMPTS`] times with the broker connected.
+    Failing,
+    /// A delivered row's transaction was still not visible to its mark.
+    Unseen,
+}
+
+impl HandOver {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::UnsentPredecessor => "unsent_predecessor",
+            Self::FenceMoved => "fence_moved",
+            Self::Diverged => "diverged",
+            Self::Failing => "failing",
+            Self::Unseen => "unseen",
+        }
+    }
+}
+
 /// How a streaming session ended.
 enum Ended {
     /// Shutdown was asked for.
@@ -489,7 +516,7 @@ impl Session<'_> {
             )
             .await;
             let before = summary.clone();
-            let mut diverged: HashSet<Uuid> = HashSet::new();
+            let mut diverged: HashMap<Uuid, HandOver> = HashMap::new();
             let mut delivered = Vec::new();
             let mut left: Vec<Vec<ClaimedRow>> = Vec::new();
             let now = chrono::Utc::now();
@@ -533,7 +560,7 @@ impl Session<'_> {
                                 // let polling deliver the aggregate from the outbox, in its order.
                                 tracing::warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, error, "the stream no longer holds the version this session published before this one; polling delivers this aggregate for now");
                                 self.fences.remove(&row.aggregate_id);
-                                diverged.insert(row.aggregate_id);
+                                diverged.insert(row.aggregate_id, HandOver::FenceMoved);
                             } else if let Some(divergence) = divergence {
                                 // The stream disagrees with the store about this aggregate: no retry
                                 // here will change that, and the other aggregates must not wait for
@@ -542,7 +569,7 @@ impl Session<'_> {
                                 summary.divergences += 1;
                                 metrics::record_divergence(divergence.kind);
                                 tracing::warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, error, "the stream disagrees with the store; polling delivers this aggregate for now");
-                                diverged.insert(row.aggregate_id);
+                                diverged.insert(row.aggregate_id, HandOver::Diverged);
                             } else {
                                 tracing::warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, error, "publish failed; retrying");
                             }
@@ -577,9 +604,10 @@ impl Session<'_> {
             }
             let (handed, kept): (Vec<_>, Vec<_>) = left
                 .into_iter()
-                .partition(|chain| diverged.contains(&chain[0].aggregate_id));
+                .partition(|chain| diverged.contains_key(&chain[0].aggregate_id));
             for chain in handed {
-                self.hand_over(chain, &tickets);
+                let reason = diverged[&chain[0].aggregate_id];
+                self.hand_over(chain, &tickets, reason);
             }
             chains = kept;
             if chains.is_empty() || self.stopping.load(Ordering::Relaxed) {
@@ -603,7 +631,7 @@ impl Session<'_> {
             if failures >= IN_STREAM_ATTEMPTS {
                 for chain in chains.drain(..) {
                     tracing::warn!(aggregate = %chain[0].aggregate_id, rows = chain.len(), attempts = failures, "publishing keeps failing; polling delivers this aggregate for now");
-                    self.hand_over(chain, &tickets);
+                    self.hand_over(chain, &tickets, HandOver::Failing);
                 }
                 break;
             }
@@ -680,7 +708,7 @@ impl Session<'_> {
             .partition(|chain| behind.contains(&chain[0].aggregate_id));
         for chain in held {
             tracing::info!(aggregate = %chain[0].aggregate_id, version = chain[0].aggregate_version, rows = chain.len(), "an earlier version of this aggregate is unsent in the outbox; polling delivers it and these in order");
-            self.hand_over(chain, tickets);
+            self.hand_over(chain, tickets, HandOver::UnsentPredecessor);
         }
         Ok(free)
     }
@@ -732,13 +760,20 @@ impl Session<'_> {
         for row in marked.unseen {
             tracing::warn!(outbox_id = row.id, aggregate = %row.aggregate, "a delivered row's transaction is still not visible; polling marks it once it is");
             self.handed_over.insert(row.aggregate);
+            metrics::record_wal_handover(HandOver::Unseen.as_str());
             self.ledger.done(row.ticket, 1);
         }
     }
 
     /// Leaves `chain`'s rows unsent in the outbox for polling to deliver, with every later row of
     /// their aggregate, until [`Session::hand_back`] finds nothing of it unsent.
-    fn hand_over(&mut self, chain: Vec<ClaimedRow>, tickets: &HashMap<i64, Ticket>) {
+    fn hand_over(
+        &mut self,
+        chain: Vec<ClaimedRow>,
+        tickets: &HashMap<i64, Ticket>,
+        reason: HandOver,
+    ) {
+        metrics::record_wal_handover(reason.as_str());
         self.handed_over.insert(chain[0].aggregate_id);
         for row in &chain {
             if let Some(ticket) = tickets.get(&row.id) {
