@@ -853,6 +853,18 @@ async fn a_later_version_waits_in_the_outbox_behind_an_unsent_earlier_one_and_fo
         metrics.contains("waybill_relay_wal_handovers_total{reason=\"unsent_predecessor\"} 1"),
         "{metrics}"
     );
+    // Left to polling, the order is given back to the stream at the next pass: nothing of it can
+    // move until the dead row is replayed, and passes every 5 s meanwhile would be wasted.
+    wait_until(
+        Duration::from_secs(20),
+        "the order is given back while it waits behind the dead row",
+        || async {
+            world
+                .log("wal")
+                .contains("the rest waits behind a dead row")
+        },
+    )
+    .await;
     // An operator replays the payment (`dead replay`): the WAL relay's polling pass delivers it,
     // then the shipment, in order.
     let replayed =

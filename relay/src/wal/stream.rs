@@ -790,16 +790,24 @@ impl Session<'_> {
         let drained = self.relay.pass().await?;
         add(summary, &drained);
         let aggregates: Vec<Uuid> = self.handed_over.iter().copied().collect();
-        let unsent: HashSet<Uuid> =
-            store::outbox::relaying::unsent_aggregates(self.relay.pool(), &aggregates)
+        let first_unsent: HashMap<Uuid, String> =
+            store::outbox::relaying::first_unsent(self.relay.pool(), &aggregates)
                 .await?
                 .into_iter()
                 .collect();
-        self.handed_over.retain(|a| unsent.contains(a));
-        for aggregate in aggregates.iter().filter(|a| !unsent.contains(a)) {
+        for aggregate in aggregates {
+            let waits = match first_unsent.get(&aggregate).map(String::as_str) {
+                None => "all delivered",
+                // Nothing moves until an operator replays the dead row; keeping the aggregate would
+                // keep a pass running every 5 s meanwhile. A new version of it is held back by the
+                // look at the outbox, and the replayed row is delivered once it has waited 10 s.
+                Some("dead") => "the rest waits behind a dead row",
+                Some(_) => continue,
+            };
+            self.handed_over.remove(&aggregate);
             // Its fence is the stream's now: forget ours.
-            self.fences.remove(aggregate);
-            tracing::info!(%aggregate, "all delivered; streaming this aggregate again");
+            self.fences.remove(&aggregate);
+            tracing::info!(%aggregate, "{waits}; streaming this aggregate again");
         }
         Ok(())
     }

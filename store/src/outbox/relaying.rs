@@ -498,11 +498,13 @@ pub async fn slot_reader(pool: &PgPool, slot: &str) -> sqlx::Result<Option<i32>>
     .flatten())
 }
 
-/// Of `aggregates`, those with a row not yet sent (pending, failed or dead).
-pub async fn unsent_aggregates(pool: &PgPool, aggregates: &[Uuid]) -> sqlx::Result<Vec<Uuid>> {
-    sqlx::query_scalar(
-        "SELECT DISTINCT aggregate_id FROM outbox
-         WHERE aggregate_id = ANY($1) AND status <> 'sent'",
+/// Of `aggregates`, those with a row not yet sent, each with the status of its first such row
+/// (`pending`, `failed` or `dead`: one behind a dead row waits for an operator).
+pub async fn first_unsent(pool: &PgPool, aggregates: &[Uuid]) -> sqlx::Result<Vec<(Uuid, String)>> {
+    sqlx::query_as(
+        "SELECT DISTINCT ON (aggregate_id) aggregate_id, status FROM outbox
+         WHERE aggregate_id = ANY($1) AND status <> 'sent'
+         ORDER BY aggregate_id, aggregate_version",
     )
     .bind(aggregates)
     .fetch_all(pool)
