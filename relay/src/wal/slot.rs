@@ -51,36 +51,39 @@ pub fn replication_config(
              --source poll"
         )));
     }
-    let decode = |text: &str| {
-        percent_decode(text)
-            .map_err(|_| ops::Refused::new("the database URL's user or password is not UTF-8"))
-    };
-    let user = match url.username() {
-        "" => query("user").unwrap_or_else(|| "postgres".to_owned()),
-        user => decode(user)?,
-    };
-    let password = url.password().map(decode).transpose()?.unwrap_or_default();
-    let database = url.path().trim_start_matches('/');
-    let database = if database.is_empty() {
-        query("dbname").unwrap_or_else(|| user.clone())
+    // The server, user and database as the relay's other sessions read them (sqlx's reading of the
+    // URL, `ops::database::connect_options`): the replication session must reach the same server.
+    let options = ops::database::connect_options(database_url)
+        .map_err(|e| ops::Refused::new(format!("the database URL cannot be read: {e}")))?;
+    let user = options.get_username().to_owned();
+    let database = options
+        .get_database()
+        .map_or_else(|| user.clone(), str::to_owned);
+    // The replication client speaks TCP only: where the other sessions use a Unix socket (a
+    // `host=/var/run/postgresql` parameter, or a percent-encoded socket path as the URL's host),
+    // the server is on this machine and is reached over TCP at the same port — which pg_hba.conf's
+    // `host` lines must then allow — rather than taken for a host name that cannot resolve.
+    let host = if options.get_socket().is_some() {
+        "localhost".to_owned()
     } else {
-        decode(database)?
+        options.get_host().to_owned()
     };
-    // Where the relay's other sessions connect, read as sqlx reads the URL (`hostaddr`, then `host`,
-    // then the URL's host, percent-decoded; `port`, then the URL's port). The replication client
-    // speaks TCP only: a Unix socket's directory (`host=/var/run/postgresql`) is reached over TCP on
-    // this machine instead, at the same port — which pg_hba.conf's `host` lines must then allow —
-    // rather than taken for a host name that cannot resolve.
-    let url_host = url.host_str().map(decode).transpose()?;
-    let host = [query("hostaddr"), query("host"), url_host]
-        .into_iter()
-        .flatten()
-        .find(|host| !host.is_empty() && !host.starts_with('/'))
-        .unwrap_or_else(|| "localhost".to_owned());
-    let port = query("port")
-        .and_then(|port| port.parse().ok())
-        .or(url.port())
-        .unwrap_or(5432);
+    let port = options.get_port();
+    // sqlx has no getter for the password: the last `password=` parameter wins over the URL's, as
+    // in sqlx's own reading.
+    let password = match url
+        .query_pairs()
+        .filter(|(key, _)| key == "password")
+        .last()
+    {
+        Some((_, password)) => password.into_owned(),
+        None => url
+            .password()
+            .map(percent_decode)
+            .transpose()
+            .map_err(|_| ops::Refused::new("the database URL's password is not UTF-8"))?
+            .unwrap_or_default(),
+    };
     Ok(
         ReplicationConfig::new(host, user, password, database, slot, publication)
             .with_port(port)
@@ -199,10 +202,11 @@ pub async fn drop_slot(pool: &PgPool, name: &str) -> sqlx::Result<bool> {
     Ok(dropped.rows_affected() > 0)
 }
 
-/// The server's WAL position now (how far it has written), as a number.
+/// The server's WAL insert position now (past every commit record made so far, written out or not:
+/// with `synchronous_commit = off` a commit is visible before its record is written), as a number.
 pub async fn current_position(pool: &PgPool) -> sqlx::Result<u64> {
     let position: i64 =
-        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8")
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::int8")
             .fetch_one(pool)
             .await?;
     Ok(u64::try_from(position).unwrap_or_default())
@@ -486,14 +490,15 @@ mod tests {
     }
 
     #[test]
-    fn a_socket_directory_in_the_url_is_reached_over_tcp_at_the_urls_host() {
+    fn the_replication_session_reaches_the_server_the_pool_reaches() {
         let config = replication_config(
             "postgres://relay@127.0.0.1:6543/shop?sslmode=disable&host=/var/run/postgresql",
             "s",
             "p",
         )
         .expect("a config");
-        assert_eq!((config.host.as_str(), config.port), ("127.0.0.1", 6543));
+        // sqlx uses the socket, whatever the URL's host says: the server is on this machine.
+        assert_eq!((config.host.as_str(), config.port), ("localhost", 6543));
         let config = replication_config("postgres:///shop?host=/tmp", "s", "p").expect("a config");
         assert_eq!((config.host.as_str(), config.port), ("localhost", 5432));
         let config = replication_config("postgres://relay@127.0.0.1/shop?host=db.local", "s", "p")
@@ -510,6 +515,38 @@ mod tests {
         let config = replication_config("postgres://%2Fvar%2Frun%2Fpostgresql:5434/shop", "s", "p")
             .expect("a config");
         assert_eq!((config.host.as_str(), config.port), ("localhost", 5434));
+        // A socket anywhere wins, as in sqlx; a later TCP host wins over an earlier one.
+        let config = replication_config(
+            "postgres://u@db.example/shop?host=/var/run/postgresql",
+            "s",
+            "p",
+        )
+        .expect("a config");
+        assert_eq!(config.host, "localhost");
+        let config = replication_config("postgres://u@db.example/shop?hostaddr=10.0.0.5", "s", "p")
+            .expect("a config");
+        assert_eq!(config.host, "10.0.0.5");
+        // User, password and database given as parameters win over the URL's, as in sqlx.
+        let config = replication_config(
+            "postgres://a:p1@localhost/one?user=relay&password=p%202&dbname=shop",
+            "s",
+            "p",
+        )
+        .expect("a config");
+        assert_eq!(
+            (
+                config.user.as_str(),
+                config.password.as_str(),
+                config.database.as_str()
+            ),
+            ("relay", "p 2", "shop")
+        );
+        let config = replication_config("postgres://relay:p%40ss@localhost/shop", "s", "p")
+            .expect("a config");
+        assert_eq!(
+            (config.user.as_str(), config.password.as_str()),
+            ("relay", "p@ss")
+        );
     }
 
     #[test]

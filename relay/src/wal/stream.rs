@@ -759,8 +759,9 @@ impl Session<'_> {
         }
         for row in marked.unseen {
             tracing::warn!(outbox_id = row.id, aggregate = %row.aggregate, "a delivered row's transaction is still not visible; polling marks it once it is");
-            self.handed_over.insert(row.aggregate);
-            metrics::record_wal_handover(HandOver::Unseen.as_str());
+            if self.handed_over.insert(row.aggregate) {
+                metrics::record_wal_handover(HandOver::Unseen.as_str());
+            }
             self.ledger.done(row.ticket, 1);
         }
     }
@@ -773,8 +774,9 @@ impl Session<'_> {
         tickets: &HashMap<i64, Ticket>,
         reason: HandOver,
     ) {
-        metrics::record_wal_handover(reason.as_str());
-        self.handed_over.insert(chain[0].aggregate_id);
+        if self.handed_over.insert(chain[0].aggregate_id) {
+            metrics::record_wal_handover(reason.as_str());
+        }
         for row in &chain {
             if let Some(ticket) = tickets.get(&row.id) {
                 self.ledger.done(*ticket, 1);
