@@ -491,41 +491,39 @@ mod tests {
 
     #[test]
     fn the_replication_session_reaches_the_server_the_pool_reaches() {
-        let config = replication_config(
-            "postgres://relay@127.0.0.1:6543/shop?sslmode=disable&host=/var/run/postgresql",
-            "s",
-            "p",
-        )
-        .expect("a config");
+        let target = |url: &str| {
+            let config = replication_config(url, "s", "p").expect("a config");
+            (config.host, config.port)
+        };
+        let this_machine = |port| ("localhost".to_owned(), port);
         // sqlx uses the socket, whatever the URL's host says: the server is on this machine.
-        assert_eq!((config.host.as_str(), config.port), ("localhost", 6543));
-        let config = replication_config("postgres:///shop?host=/tmp", "s", "p").expect("a config");
-        assert_eq!((config.host.as_str(), config.port), ("localhost", 5432));
-        let config = replication_config("postgres://relay@127.0.0.1/shop?host=db.local", "s", "p")
-            .expect("a config");
-        assert_eq!(config.host, "db.local");
-        // The socket's port and the percent-encoded form sqlx also reads.
-        let config = replication_config(
-            "postgres:///shop?host=/var/run/postgresql&port=5433",
-            "s",
-            "p",
-        )
-        .expect("a config");
-        assert_eq!((config.host.as_str(), config.port), ("localhost", 5433));
-        let config = replication_config("postgres://%2Fvar%2Frun%2Fpostgresql:5434/shop", "s", "p")
-            .expect("a config");
-        assert_eq!((config.host.as_str(), config.port), ("localhost", 5434));
-        // A socket anywhere wins, as in sqlx; a later TCP host wins over an earlier one.
-        let config = replication_config(
-            "postgres://u@db.example/shop?host=/var/run/postgresql",
-            "s",
-            "p",
-        )
-        .expect("a config");
-        assert_eq!(config.host, "localhost");
-        let config = replication_config("postgres://u@db.example/shop?hostaddr=10.0.0.5", "s", "p")
-            .expect("a config");
-        assert_eq!(config.host, "10.0.0.5");
+        assert_eq!(
+            target("postgres://relay@127.0.0.1:6543/shop?sslmode=disable&host=/var/run/postgresql"),
+            this_machine(6543)
+        );
+        assert_eq!(target("postgres:///shop?host=/tmp"), this_machine(5432));
+        assert_eq!(
+            target("postgres://u@db.example/shop?host=/var/run/postgresql"),
+            this_machine(5432)
+        );
+        // The socket's port, and the percent-encoded form sqlx also reads.
+        assert_eq!(
+            target("postgres:///shop?host=/var/run/postgresql&port=5433"),
+            this_machine(5433)
+        );
+        assert_eq!(
+            target("postgres://%2Fvar%2Frun%2Fpostgresql:5434/shop"),
+            this_machine(5434)
+        );
+        // A later TCP host wins over an earlier one, as in sqlx.
+        assert_eq!(
+            target("postgres://relay@127.0.0.1/shop?host=db.local").0,
+            "db.local"
+        );
+        assert_eq!(
+            target("postgres://u@db.example/shop?hostaddr=10.0.0.5").0,
+            "10.0.0.5"
+        );
         // User, password and database given as parameters win over the URL's, as in sqlx.
         let config = replication_config(
             "postgres://a:p1@localhost/one?user=relay&password=p%202&dbname=shop",
