@@ -32,7 +32,11 @@ struct World {
 
 impl World {
     async fn new() -> Self {
-        let postgres = PostgresServer::start().expect("private PostgreSQL");
+        Self::on(PostgresServer::start().expect("private PostgreSQL")).await
+    }
+
+    /// A world on `postgres`.
+    async fn on(postgres: PostgresServer) -> Self {
         let nats = NatsServer::start().expect("private nats-server");
         let url = postgres.url("shop");
         ops::database::ensure_database(&url)
@@ -1121,4 +1125,88 @@ async fn rows_the_opening_drain_delivered_are_not_published_again_from_the_slot(
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no count of skipped rows:\n{log}"));
     assert!(skipped >= 300, "{skipped} skipped\n{log}");
+}
+
+#[tokio::test]
+async fn the_replication_session_is_encrypted_and_checked_as_the_url_says() {
+    let postgres = PostgresServer::start_with_tls().expect("private PostgreSQL with TLS");
+    let ca = postgres.ca().expect("its CA").to_owned();
+    let plain_url = postgres.url("shop");
+    let mut world = World::on(postgres).await;
+    // Every session of the relay, the replication one included, checks the server's certificate
+    // and name against the CA that signed it.
+    world.url = format!(
+        "{plain_url}?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    );
+    write(&world.store, 2, 30).await;
+    let mut relay = world.relay("tls");
+    world.until_the_slot_is_read_and_everything_sent().await;
+    // Written while it streams: these come from the slot, over the TLS session.
+    write(&world.store, 2, 30).await;
+    world.everything_delivered_once_in_order(&["tls"]).await;
+    let encrypted: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT r.application_name, s.ssl FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid)",
+    )
+    .fetch_all(&world.pool)
+    .await
+    .expect("the replication sessions");
+    assert_eq!(encrypted.len(), 1, "{encrypted:?}");
+    assert!(
+        encrypted[0].1,
+        "the replication session is not encrypted: {encrypted:?}"
+    );
+    sigkill(&mut relay);
+
+    // The check is the relay's own, before the replication client sends a byte: a CA that did not
+    // sign the server's certificate is refused, and a server without TLS too.
+    let stranger = tempfile::tempdir().expect("a directory");
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=stranger",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "ca.pem",
+        ])
+        .current_dir(stranger.path())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl");
+    assert!(made.success());
+    let port = url::Url::parse(&plain_url)
+        .expect("URL")
+        .port()
+        .expect("port");
+    let target = |port, verify, roots| relay::wal::tls::TlsTarget {
+        host: "127.0.0.1".to_owned(),
+        port,
+        verify,
+        roots,
+    };
+    let refused = target(
+        port,
+        relay::wal::tls::Verify::Authority,
+        Some(relay::wal::tls::Roots::File(stranger.path().join("ca.pem"))),
+    )
+    .open_bridge()
+    .await
+    .expect_err("a stranger's CA is refused");
+    assert!(
+        format!("{refused:#}").contains("certificate"),
+        "{refused:#}"
+    );
+    let plain = PostgresServer::start().expect("private PostgreSQL without TLS");
+    let refused = target(plain.port(), relay::wal::tls::Verify::Nothing, None)
+        .open_bridge()
+        .await
+        .expect_err("a server without TLS is refused");
+    assert!(
+        format!("{refused:#}").contains("does not offer TLS"),
+        "{refused:#}"
+    );
 }

@@ -22,6 +22,8 @@ pub struct PostgresServer {
     dir: TempDir,
     bindir: PathBuf,
     durable: bool,
+    /// Offers TLS with a certificate signed by this throwaway CA (in `dir`).
+    ca: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -38,6 +40,21 @@ impl PostgresServer {
     /// what a harness that crashes the server needs. (`fsync` stays off either way: the operating
     /// system does not crash here, and written WAL survives in its page cache.)
     pub fn start_with(durable: bool) -> anyhow::Result<Self> {
+        Self::start_configured(durable, false)
+    }
+
+    /// Like [`PostgresServer::start`], offering TLS too (plain connections are still accepted): a
+    /// certificate for 127.0.0.1 and localhost signed by a throwaway CA, [`PostgresServer::ca`].
+    pub fn start_with_tls() -> anyhow::Result<Self> {
+        Self::start_configured(false, true)
+    }
+
+    /// The CA that signed the server's certificate, when it offers TLS.
+    pub fn ca(&self) -> Option<&Path> {
+        self.ca.as_deref()
+    }
+
+    fn start_configured(durable: bool, tls: bool) -> anyhow::Result<Self> {
         let bindir = find_bindir().context(
             "PostgreSQL server binaries (initdb, postgres) were not found; install the Debian package \
              `postgresql` (or put its bin directory on PATH)",
@@ -48,6 +65,16 @@ impl PostgresServer {
             .tempdir()
             .context("creating the cluster's directory")?;
         let data = dir.path().join("data");
+        let ca = if tls {
+            let certificates = dir.path().join("tls");
+            std::fs::create_dir(&certificates)?;
+            let (ca, _, key) = crate::secure_nats::certificates(&certificates);
+            // PostgreSQL refuses a key others may read.
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            Some(ca)
+        } else {
+            None
+        };
         // initdb and postgres run as the `postgres` user when we are root: it must own the directory.
         if running_as_root() {
             let status = Command::new("chown")
@@ -76,6 +103,7 @@ impl PostgresServer {
             dir,
             bindir,
             durable,
+            ca,
             child: None,
         };
         server.resume()?;
@@ -133,6 +161,23 @@ impl PostgresServer {
                 "-c",
                 "wal_sender_timeout=10s",
             ])
+            .args(self.ca.iter().flat_map(|_| {
+                let certificates = self.dir.path().join("tls");
+                [
+                    "-c".to_owned(),
+                    "ssl=on".to_owned(),
+                    "-c".to_owned(),
+                    format!(
+                        "ssl_cert_file={}",
+                        certificates.join("server.pem").display()
+                    ),
+                    "-c".to_owned(),
+                    format!(
+                        "ssl_key_file={}",
+                        certificates.join("server-key.pem").display()
+                    ),
+                ]
+            }))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

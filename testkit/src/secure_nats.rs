@@ -76,8 +76,9 @@ impl SecureNats {
     }
 }
 
-/// A self-signed CA and a server certificate for 127.0.0.1, made with the openssl command.
-fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+/// A self-signed CA and a server certificate for 127.0.0.1 and localhost, made with the openssl
+/// command in `dir`: the CA's, the server's and the server key's paths.
+pub(crate) fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let run = |args: &[&str]| {
         let status = Command::new("openssl")
             .args(args)

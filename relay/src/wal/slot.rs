@@ -3,7 +3,11 @@
 
 use pgwire_replication::{ReplicationClient, ReplicationConfig, TlsConfig};
 use serde::Serialize;
+use sqlx::ConnectOptions as _;
 use sqlx::PgPool;
+use sqlx::postgres::PgSslMode;
+
+use super::tls::{Roots, TlsTarget, Verify};
 
 /// The slot the WAL relay reads unless told otherwise.
 pub const DEFAULT_SLOT: &str = "waybill_outbox";
@@ -27,32 +31,48 @@ pub fn check_name(what: &str, name: &str) -> Result<(), ops::Refused> {
     }
 }
 
-/// A replication session's settings from the relay's `DATABASE_URL`. The replication protocol's
-/// client has no TLS here (its TLS stack is one this project bans), so a URL that asks for TLS is
-/// refused rather than silently downgraded.
+/// A replication session's settings and, where `sslmode` asks for TLS, the session it goes through.
+#[derive(Debug)]
+pub struct Replication {
+    pub config: ReplicationConfig,
+    pub tls: Option<TlsTarget>,
+}
+
+impl Replication {
+    /// Opens the session (through its TLS bridge, if it has one) and starts streaming.
+    pub async fn connect(self) -> anyhow::Result<ReplicationClient> {
+        Ok(ReplicationClient::connect(self.bridged().await?).await?)
+    }
+
+    /// Opens the session without streaming: for commands such as `IDENTIFY_SYSTEM`.
+    pub async fn connect_gated(self) -> anyhow::Result<ReplicationClient> {
+        Ok(ReplicationClient::connect_gated(self.bridged().await?).await?)
+    }
+
+    async fn bridged(self) -> anyhow::Result<ReplicationConfig> {
+        let mut config = self.config;
+        if let Some(tls) = &self.tls {
+            config.host = "127.0.0.1".to_owned();
+            config.port = tls.open_bridge().await?;
+        }
+        Ok(config)
+    }
+}
+
+/// A replication session's settings from the relay's `DATABASE_URL`, read as the relay's other
+/// sessions read it. `sslmode=require`, `verify-ca` and `verify-full` get TLS checked as for those
+/// sessions (`sslrootcert`, or the public authorities); `prefer` and `allow` stay in plain text, as
+/// before; a client certificate is refused rather than left out.
 pub fn replication_config(
     database_url: &str,
     slot: &str,
     publication: &str,
-) -> Result<ReplicationConfig, ops::Refused> {
+) -> Result<Replication, ops::Refused> {
     let url = url::Url::parse(database_url)
         .map_err(|e| ops::Refused::new(format!("the database URL does not parse: {e}")))?;
-    let query = |key: &str| {
-        url.query_pairs()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.into_owned())
-    };
-    if let Some(mode) = query("sslmode")
-        && matches!(mode.as_str(), "require" | "verify-ca" | "verify-full")
-    {
-        return Err(ops::Refused::new(format!(
-            "sslmode={mode}: the WAL relay's replication connection has no TLS yet \
-             (docs/decisions/relay-wal.md); reach PostgreSQL over loopback, or use \
-             --source poll"
-        )));
-    }
-    // The server, user and database as the relay's other sessions read them (sqlx's reading of the
-    // URL, `ops::database::connect_options`): the replication session must reach the same server.
+    // The server, user, database and TLS as the relay's other sessions read them (sqlx's reading of
+    // the URL and the PG* variables, `ops::database::connect_options`): the replication session
+    // must reach the same server the same way.
     let options = ops::database::connect_options(database_url)
         .map_err(|e| ops::Refused::new(format!("the database URL cannot be read: {e}")))?;
     let user = options.get_username().to_owned();
@@ -84,11 +104,46 @@ pub fn replication_config(
             .map_err(|_| ops::Refused::new("the database URL's password is not UTF-8"))?
             .unwrap_or_default(),
     };
-    Ok(
-        ReplicationConfig::new(host, user, password, database, slot, publication)
-            .with_port(port)
-            .with_tls(TlsConfig::disabled()),
-    )
+    let verify = match options.get_ssl_mode() {
+        PgSslMode::Require => Some(Verify::Nothing),
+        PgSslMode::VerifyCa => Some(Verify::Authority),
+        PgSslMode::VerifyFull => Some(Verify::AuthorityAndName),
+        PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => None,
+    };
+    let tls = match verify {
+        None => None,
+        Some(verify) => {
+            // sqlx keeps its certificate settings private; its URL of the options shows them.
+            let settings = options.to_url_lossy();
+            let setting = |key: &str| {
+                settings
+                    .query_pairs()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.into_owned())
+            };
+            if setting("sslcert").is_some() || setting("sslkey").is_some() {
+                return Err(ops::Refused::new(
+                    "sslcert/sslkey: the WAL relay's replication session presents no client \
+                     certificate yet (docs/decisions/relay-wal.md); log its role in with a \
+                     password, or use --source poll",
+                ));
+            }
+            let roots = setting("sslrootcert").map(|value| match value.strip_prefix("file: ") {
+                Some(path) => Roots::File(path.into()),
+                None => Roots::Pem(value),
+            });
+            Some(TlsTarget {
+                host: host.clone(),
+                port,
+                verify,
+                roots,
+            })
+        }
+    };
+    let config = ReplicationConfig::new(host, user, password, database, slot, publication)
+        .with_port(port)
+        .with_tls(TlsConfig::disabled());
+    Ok(Replication { config, tls })
 }
 
 fn percent_decode(text: &str) -> Result<String, std::str::Utf8Error> {
@@ -460,8 +515,8 @@ pub fn describe_slot(state: &SlotState, keep: &str) -> (Verdict, String) {
 }
 
 /// Opens a replication session, identifies the server and closes it.
-async fn identify(config: ReplicationConfig) -> anyhow::Result<String> {
-    let mut client = ReplicationClient::connect_gated(config).await?;
+async fn identify(replication: Replication) -> anyhow::Result<String> {
+    let mut client = replication.connect_gated().await?;
     let identified =
         tokio::time::timeout(std::time::Duration::from_secs(10), client.identify_system())
             .await
@@ -492,7 +547,7 @@ mod tests {
     #[test]
     fn the_replication_session_reaches_the_server_the_pool_reaches() {
         let target = |url: &str| {
-            let config = replication_config(url, "s", "p").expect("a config");
+            let config = replication_config(url, "s", "p").expect("a config").config;
             (config.host, config.port)
         };
         let this_machine = |port| ("localhost".to_owned(), port);
@@ -530,7 +585,8 @@ mod tests {
             "s",
             "p",
         )
-        .expect("a config");
+        .expect("a config")
+        .config;
         assert_eq!(
             (
                 config.user.as_str(),
@@ -540,7 +596,8 @@ mod tests {
             ("relay", "p 2", "shop")
         );
         let config = replication_config("postgres://relay:p%40ss@localhost/shop", "s", "p")
-            .expect("a config");
+            .expect("a config")
+            .config;
         assert_eq!(
             (config.user.as_str(), config.password.as_str()),
             ("relay", "p@ss")
@@ -548,16 +605,45 @@ mod tests {
     }
 
     #[test]
-    fn a_url_asking_for_tls_is_refused_not_downgraded() {
-        for mode in ["require", "verify-ca", "verify-full"] {
-            let url = format!("postgres://relay:pw@db:5433/shop?sslmode={mode}");
-            assert!(replication_config(&url, "s", "p").is_err(), "{mode}");
-        }
-        assert!(
-            replication_config("postgres://relay@127.0.0.1/shop?sslmode=disable", "s", "p").is_ok()
+    fn a_url_asking_for_tls_gets_it_checked_as_the_pool_checks_it() {
+        let tls = |url: &str| replication_config(url, "s", "p").expect("a config").tls;
+        let target = |verify, roots| {
+            Some(TlsTarget {
+                host: "db".to_owned(),
+                port: 5433,
+                verify,
+                roots,
+            })
+        };
+        assert_eq!(
+            tls("postgres://relay:pw@db:5433/shop?sslmode=require"),
+            target(Verify::Nothing, None)
         );
+        assert_eq!(
+            tls("postgres://relay:pw@db:5433/shop?sslmode=verify-ca&sslrootcert=/etc/ca.pem"),
+            target(Verify::Authority, Some(Roots::File("/etc/ca.pem".into())))
+        );
+        assert_eq!(
+            tls("postgres://relay:pw@db:5433/shop?ssl-mode=verify-full"),
+            target(Verify::AuthorityAndName, None)
+        );
+        // Plain text where the pool may be, as before: prefer and allow promise no encryption.
+        for mode in ["disable", "allow", "prefer"] {
+            assert_eq!(
+                tls(&format!("postgres://relay@db/shop?sslmode={mode}")),
+                None
+            );
+        }
+        // A client certificate the session would not present is refused, not left out.
+        let refused = replication_config(
+            "postgres://relay@db/shop?sslmode=verify-full&sslcert=/c.pem&sslkey=/k.pem",
+            "s",
+            "p",
+        )
+        .expect_err("refused");
         assert!(
-            replication_config("postgres://relay@127.0.0.1/shop?sslmode=prefer", "s", "p").is_ok()
+            refused.to_string().contains("client certificate"),
+            "{refused}"
         );
     }
 

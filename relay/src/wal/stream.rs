@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use async_nats::connection::State;
 use futures::FutureExt;
 use ops::error_chain;
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use pgwire_replication::{Lsn, ReplicationEvent};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
@@ -104,7 +104,7 @@ impl Relay {
     ) -> anyhow::Result<RunSummary> {
         slot::check_name("slot", &source.slot)?;
         slot::check_name("publication", &source.publication)?;
-        // Refused now, not at the first session: a URL that asks for TLS.
+        // Refused now, not at the first session: a URL the replication session cannot follow.
         slot::replication_config(&source.database_url, &source.slot, &source.publication)?;
         metrics::describe();
         let stopping = Arc::new(AtomicBool::new(false));
@@ -213,17 +213,19 @@ impl Relay {
         let confirmed = slot::confirmed_position(self.pool(), &source.slot)
             .await?
             .unwrap_or(0);
-        let config =
-            slot::replication_config(&source.database_url, &source.slot, &source.publication)?
-                .with_start_lsn(Lsn::from_u64(confirmed))
-                .with_status_interval(Duration::from_secs(1))
-                // Named like the relay's other sessions: operators and the bench find its walsender.
-                .with_application_name(format!(
-                    "{}{}",
-                    crate::run::APPLICATION_PREFIX,
-                    self.config().relay_id
-                ));
-        let mut client = ReplicationClient::connect(config).await?;
+        let mut replication =
+            slot::replication_config(&source.database_url, &source.slot, &source.publication)?;
+        replication.config = replication
+            .config
+            .with_start_lsn(Lsn::from_u64(confirmed))
+            .with_status_interval(Duration::from_secs(1))
+            // Named like the relay's other sessions: operators and the bench find its walsender.
+            .with_application_name(format!(
+                "{}{}",
+                crate::run::APPLICATION_PREFIX,
+                self.config().relay_id
+            ));
+        let mut client = replication.connect().await?;
         if let Err(error) = client.wait_started().await {
             return classify(self.pool(), &source.slot, error).await;
         }

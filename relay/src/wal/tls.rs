@@ -1,0 +1,271 @@
+//! TLS on the replication session. The replication crate's own TLS stack brings a crypto provider
+//! this project bans, so the relay opens the TLS session itself — with the rustls and ring that sqlx
+//! and async-nats already use, the certificate checked as `sslmode` says — and lends the crate a
+//! loopback socket whose bytes it carries over that session.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+/// How the server's certificate is checked, read as sqlx reads `sslmode`: `require` encrypts and
+/// checks nothing, `verify-ca` checks the chain, `verify-full` the chain and the host's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verify {
+    Nothing,
+    Authority,
+    AuthorityAndName,
+}
+
+/// The certificate authorities `sslrootcert` names (a file, or the PEM text itself as sqlx accepts
+/// from `PGSSLROOTCERT`). Without it, the public authorities, as sqlx trusts them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Roots {
+    File(PathBuf),
+    Pem(String),
+}
+
+/// Where the replication session's TLS goes and how the server is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsTarget {
+    pub host: String,
+    pub port: u16,
+    pub verify: Verify,
+    pub roots: Option<Roots>,
+}
+
+/// PostgreSQL's SSLRequest: the length 8, then the code 80877103.
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+/// The server's connection and handshake, and the replication client's connection to the bridge,
+/// each get this long.
+const WITHIN: Duration = Duration::from_secs(30);
+
+impl TlsTarget {
+    /// Opens the TLS session to the server — a refused certificate fails here, with rustls' reason —
+    /// and returns the loopback port where the replication client connects in plain text. One
+    /// connection is accepted, then the listener closes; the bytes flow until either side ends. The
+    /// bridge adds no trust: whoever reached it first would still have to log in as PostgreSQL asks.
+    pub async fn open_bridge(&self) -> anyhow::Result<u16> {
+        let mut tls = tokio::time::timeout(WITHIN, self.connect())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("{}: no TLS session within {WITHIN:?}", self.address())
+            })??;
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let port = listener.local_addr()?.port();
+        let server = self.address();
+        tokio::spawn(async move {
+            let accepted = tokio::time::timeout(WITHIN, listener.accept()).await;
+            drop(listener);
+            match accepted {
+                Ok(Ok((mut plain, _))) => {
+                    let _ = plain.set_nodelay(true);
+                    // Ends when either side closes; an error is the session's end, which the
+                    // replication client reports.
+                    if let Err(error) = tokio::io::copy_bidirectional(&mut plain, &mut tls).await {
+                        tracing::debug!(%server, %error, "the replication session's TLS ended");
+                    }
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(%server, %error, "the replication client could not reach its TLS bridge")
+                }
+                Err(_) => {
+                    tracing::warn!(%server, "the replication client never reached its TLS bridge")
+                }
+            }
+        });
+        Ok(port)
+    }
+
+    fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// The server's answer to an SSLRequest, then the handshake on the same connection.
+    async fn connect(&self) -> anyhow::Result<TlsStream<TcpStream>> {
+        let server = self.address();
+        let mut tcp = TcpStream::connect((self.host.as_str(), self.port))
+            .await
+            .with_context(|| format!("connecting to {server} for the replication session"))?;
+        tcp.set_nodelay(true)?;
+        tcp.write_all(&SSL_REQUEST).await?;
+        let mut answer = [0u8; 1];
+        tcp.read_exact(&mut answer)
+            .await
+            .with_context(|| format!("{server} closed the connection when asked for TLS"))?;
+        anyhow::ensure!(
+            answer[0] == b'S',
+            "{server} does not offer TLS (it answered {:?}), which the URL's sslmode requires",
+            char::from(answer[0])
+        );
+        // Nothing read past the answer: bytes a man in the middle slipped in before the handshake
+        // reach rustls as records and fail it.
+        let name = ServerName::try_from(self.host.clone())
+            .with_context(|| format!("{:?} is not a host name TLS can check", self.host))?;
+        TlsConnector::from(Arc::new(self.client_config()?))
+            .connect(name, tcp)
+            .await
+            .with_context(|| format!("TLS with {server} for the replication session"))
+    }
+
+    fn client_config(&self) -> anyhow::Result<ClientConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier: Arc<dyn ServerCertVerifier> = match self.verify {
+            Verify::Nothing => Arc::new(Unchecked(provider.clone())),
+            verify => {
+                let webpki = WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(self.root_store()?),
+                    provider.clone(),
+                )
+                .build()?;
+                if verify == Verify::Authority {
+                    Arc::new(AnyName(webpki))
+                } else {
+                    webpki
+                }
+            }
+        };
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
+        // What libpq offers since PostgreSQL 17; older servers ignore it.
+        config.alpn_protocols = vec![b"postgresql".to_vec()];
+        Ok(config)
+    }
+
+    fn root_store(&self) -> anyhow::Result<RootCertStore> {
+        let mut store = RootCertStore::empty();
+        let certificates: Vec<CertificateDer<'static>> = match &self.roots {
+            None => {
+                store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+                return Ok(store);
+            }
+            Some(Roots::File(path)) => CertificateDer::pem_file_iter(path)
+                .and_then(|certificates| certificates.collect())
+                .with_context(|| format!("sslrootcert {}", path.display()))?,
+            Some(Roots::Pem(text)) => CertificateDer::pem_slice_iter(text.as_bytes())
+                .collect::<Result<_, _>>()
+                .context("sslrootcert")?,
+        };
+        for certificate in certificates {
+            store.add(certificate).context("sslrootcert")?;
+        }
+        anyhow::ensure!(!store.is_empty(), "sslrootcert holds no certificate");
+        Ok(store)
+    }
+}
+
+/// `sslmode=require`: encrypted, the certificate taken as it comes (the handshake's signatures are
+/// still checked, so the session is with the holder of that certificate's key).
+#[derive(Debug)]
+struct Unchecked(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for Unchecked {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `sslmode=verify-ca`: the chain checked against the roots, the host's name not. rustls checks the
+/// name after the chain, so a name error means the chain passed.
+#[derive(Debug)]
+struct AnyName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            verdict => verdict,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
