@@ -424,7 +424,7 @@ async fn wal_check(url: &str, slot: &str, publication: &str, json: bool) -> anyh
     let pool = ops::database::connect(url, "waybill-relay-wal-check", 1)
         .await
         .context("connecting to PostgreSQL")?;
-    let findings = check(&pool, url, slot, publication).await?;
+    let findings = check(&pool, url, slot, publication, true).await?;
     let missing = findings
         .iter()
         .filter(|f| f.verdict == Verdict::Missing)
@@ -498,11 +498,14 @@ async fn relay_run(
         }
         crate::wal::slot::check_name("slot", &args.slot)?;
         crate::wal::slot::check_name("publication", &args.publication)?;
-        crate::wal::slot::replication_config(
-            &connection.shared.database.url,
-            &args.slot,
-            &args.publication,
-        )?;
+        let url = &connection.shared.database.url;
+        crate::wal::slot::replication_config(url, &args.slot, &args.publication)?;
+        // What the server lacks is said now, before NATS is needed (the relay checks again).
+        let pool = ops::database::connect(url, "waybill-relay-wal-check", 1)
+            .await
+            .context("connecting to PostgreSQL")?;
+        crate::wal::slot::refuse_what_is_missing(&pool, url, &args.slot, &args.publication).await?;
+        pool.close().await;
     }
     let relay = Relay::connect(
         &connection.shared.database.url,

@@ -113,7 +113,7 @@ pub fn describe() {
     describe_gauge!(
         "waybill_relay_wal_lag_seconds",
         Unit::Seconds,
-        "With --source wal: from writing WAL to the relay confirming it, as PostgreSQL last measured it (pg_stat_replication.replay_lag; 0 while it has nothing to measure: no reader, or caught up and quiet)."
+        "With --source wal: from writing WAL to the relay confirming it, as PostgreSQL last measured it (pg_stat_replication.replay_lag; 0 while caught up and quiet); while no session reads the slot, the seconds since its confirmed position last moved, as this relay saw it."
     );
     describe_gauge!(
         "waybill_relay_wal_retained_bytes",

@@ -25,6 +25,7 @@ use crate::peers::Seat;
 use crate::step::{FailPoint, StepError, StepReport, step};
 use crate::stream::{ProvisionError, ensure_stream};
 
+pub(crate) use chores::Chores;
 pub use summary::RunSummary;
 
 /// How a relay names its PostgreSQL sessions (`application_name`), followed by its relay id. Relays

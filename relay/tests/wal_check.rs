@@ -158,9 +158,111 @@ async fn what_is_missing_is_named_and_exits_1() {
     );
     assert_eq!(verdict(&found, "replication connection").0, "missing");
 
-    // Names that would need quoting are refused before anything is read.
+    // Names that would need quoting are refused before anything is read, and so is one that
+    // PostgreSQL makes a slot of but `START_REPLICATION` cannot read.
     let run = wal_check(&url, &["--slot", "Bad-Slot"]).await;
     assert_eq!(run.code, 2, "{}", run.stderr);
+    let run = wal_check(&url, &["--slot", "1abc"]).await;
+    assert_eq!(run.code, 2, "{}", run.stderr);
+
+    // `run --source wal` refuses at once what the check finds missing, rather than retrying a
+    // session that cannot work, and makes no slot.
+    let started = std::time::Instant::now();
+    let (code, stderr) = run_wal(&plain, &[]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("ALTER ROLE plain REPLICATION"), "{stderr}");
+    assert!(
+        stderr.contains("CREATE PUBLICATION waybill_outbox"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let slots: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots")
+        .fetch_one(&pool)
+        .await
+        .expect("slots");
+    assert_eq!(slots, 0);
+}
+
+/// `waybill-relay run --source wal` against `url` (NATS nowhere: a refusal comes before it is
+/// needed); its exit code and standard error.
+async fn run_wal(url: &str, extra: &[&str]) -> (i32, String) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_waybill-relay"))
+        .args(["run", "--source", "wal"])
+        .args(extra)
+        .args(["--database-url", url, "--nats-url", "nats://127.0.0.1:1"])
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(60), output)
+        .await
+        .expect("it ends by itself")
+        .expect("waybill-relay runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Slot names are shared by the whole server: another database's slot of the default name is not
+/// this database's to stand by for or read, and a publication that narrows the outbox's rows or
+/// columns would keep events from the relay.
+#[tokio::test]
+async fn another_databases_slot_and_a_narrowed_publication_are_named() {
+    let server = PostgresServer::start().expect("private PostgreSQL");
+    let (url, pool) = migrated(&server).await;
+    let other = server.url("other");
+    ops::database::ensure_database(&other)
+        .await
+        .expect("database");
+    let other_pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&other)
+        .await
+        .expect("connects");
+    store::MIGRATOR.run(&other_pool).await.expect("migrated");
+    sqlx::query("SELECT pg_create_logical_replication_slot('waybill_outbox', 'pgoutput')")
+        .execute(&other_pool)
+        .await
+        .expect("the other database's slot");
+
+    let run = wal_check(&url, &[]).await;
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let found = findings(&run);
+    let (slot, detail) = verdict(&found, "slot");
+    assert_eq!(slot, "missing", "{detail}");
+    assert!(detail.contains("not a slot of this database"), "{detail}");
+    let (code, stderr) = run_wal(&url, &[]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("not a slot of this database"), "{stderr}");
+    // A slot of its own is fine.
+    let run = wal_check(&url, &["--slot", "shop_outbox"]).await;
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+
+    for (narrowing, expected) in [
+        (
+            "ALTER PUBLICATION waybill_outbox SET TABLE outbox (id, event_id, aggregate_id)",
+            "leaves out the outbox's columns",
+        ),
+        (
+            "ALTER PUBLICATION waybill_outbox SET TABLE outbox WHERE (aggregate_version > 1)",
+            "filters the outbox's rows",
+        ),
+    ] {
+        sqlx::query(narrowing)
+            .execute(&pool)
+            .await
+            .expect("narrowed");
+        let run = wal_check(&url, &["--slot", "shop_outbox"]).await;
+        assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+        let found = findings(&run);
+        let (publication, detail) = verdict(&found, "publication");
+        assert_eq!(publication, "missing", "{detail}");
+        assert!(detail.contains(expected), "{detail}");
+        assert!(
+            detail.contains("ALTER PUBLICATION waybill_outbox SET TABLE outbox"),
+            "{detail}"
+        );
+    }
 }
 
 #[sqlx::test(migrator = "store::MIGRATOR")]
@@ -178,6 +280,10 @@ async fn a_server_without_logical_decoding_is_told_how_to_enable_it(pool: PgPool
         assert_eq!(verdict, "missing");
         assert!(detail.contains("wal_level = logical"), "{detail}");
         assert_eq!(found["ready"], false);
+        // …and a WAL relay started there says so and ends, rather than retrying forever.
+        let (code, stderr) = run_wal(&url, &[]).await;
+        assert_eq!(code, 1, "{stderr}");
+        assert!(stderr.contains("wal_level = logical"), "{stderr}");
     }
 }
 

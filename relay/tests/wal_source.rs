@@ -709,8 +709,9 @@ async fn a_polling_standby_claims_beside_a_wal_relay_cut_off_from_nats() {
     world.until_the_slot_is_read_and_everything_sent().await;
     let mut polling = world.spawn_relay("polling", "poll");
     world.until_it_stands_by("polling").await;
-    // The WAL relay loses NATS for good and waits for it, still reading the slot: a session on the
-    // slot is not a relay that delivers.
+    // The WAL relay loses NATS for good. Its batch waits for NATS a while, then it closes its
+    // session (an open one would hold up PostgreSQL's shutdown) and opens none until NATS is back;
+    // the polling relay delivers meanwhile, whichever it saw first: rows waiting, or the slot free.
     drop(proxy);
     write(&world.store, 2, 10).await;
     wait_until(
@@ -719,19 +720,22 @@ async fn a_polling_standby_claims_beside_a_wal_relay_cut_off_from_nats() {
         || async { world.unsent().await == 0 },
     )
     .await;
+    wait_until(
+        Duration::from_secs(40),
+        "the WAL relay without NATS leaves the slot",
+        || async { world.slot().await.is_some_and(|(active, _)| !active) },
+    )
+    .await;
     assert!(
-        world.slot().await.is_some_and(|(active, _)| active),
-        "the WAL relay still reads the slot\n{}",
+        world
+            .log("wal")
+            .contains("the replication session is closed"),
+        "{}",
         world.log("wal")
     );
     assert_eq!(
         world.sent_by("polling").await,
         30,
-        "{}",
-        world.log("polling")
-    );
-    assert!(
-        world.log("polling").contains("claiming beside it"),
         "{}",
         world.log("polling")
     );
@@ -1209,4 +1213,138 @@ async fn the_replication_session_is_encrypted_and_checked_as_the_url_says() {
         format!("{refused:#}").contains("does not offer TLS"),
         "{refused:#}"
     );
+}
+
+/// Waits until the slot's reader has confirmed (nearly) the end of the WAL: it reads on.
+async fn until_the_slot_confirms_the_end_of_the_wal(world: &World) {
+    wait_until(
+        Duration::from_secs(60),
+        "the slot confirmed the end of the WAL",
+        || async {
+            let lag: Option<i64> = sqlx::query_scalar(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8
+                 FROM pg_replication_slots WHERE slot_name = 'waybill_outbox' AND active",
+            )
+            .fetch_optional(&world.pool)
+            .await
+            .expect("lag")
+            .flatten();
+            lag.is_some_and(|lag| lag < 64 * 1024)
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_database_with_another_datestyle_and_another_schemas_outbox_is_read_as_its_own() {
+    let world = World::new().await;
+    // pgoutput writes values in the session's DateStyle, which the database may set.
+    sqlx::query("ALTER DATABASE shop SET datestyle = 'SQL, DMY'")
+        .execute(&world.pool)
+        .await
+        .expect("datestyle");
+    // A tenant's outbox in another schema, in the same publication.
+    for statement in [
+        "CREATE SCHEMA tenant_b",
+        "CREATE TABLE tenant_b.outbox (LIKE public.outbox INCLUDING ALL)",
+        "ALTER PUBLICATION waybill_outbox ADD TABLE tenant_b.outbox",
+    ] {
+        sqlx::query(statement)
+            .execute(&world.pool)
+            .await
+            .expect(statement);
+    }
+    write(&world.store, 2, 10).await;
+    let mut wal = world.relay("wal");
+    world.until_the_slot_is_read_and_everything_sent().await;
+    // Streamed from the slot: this database's orders, and a row of the tenant's outbox with an id
+    // of ours and an event of its own.
+    write(&world.store, 2, 10).await;
+    let mut tenant = world.pool.acquire().await.expect("a connection");
+    for statement in [
+        "CREATE TEMP TABLE copied AS SELECT * FROM public.outbox ORDER BY id LIMIT 1",
+        "UPDATE copied SET event_id = gen_random_uuid(), aggregate_id = gen_random_uuid(),
+                           aggregate_version = 1, status = 'pending'",
+        "INSERT INTO tenant_b.outbox OVERRIDING SYSTEM VALUE SELECT * FROM copied",
+    ] {
+        sqlx::query(statement)
+            .execute(&mut *tenant)
+            .await
+            .expect(statement);
+    }
+    drop(tenant);
+    write(&world.store, 2, 10).await;
+    world.everything_delivered_once_in_order(&["wal"]).await;
+    until_the_slot_confirms_the_end_of_the_wal(&world).await;
+    let log = world.log("wal");
+    assert!(!log.contains("does not parse"), "{log}");
+    assert!(!log.contains("cannot be read"), "{log}");
+    assert!(!log.contains("WAL session failed"), "{log}");
+    sigkill(&mut wal);
+}
+
+#[tokio::test]
+async fn a_publication_dropped_and_made_again_is_read_past_with_a_new_slot() {
+    let world = World::new().await;
+    let mut wal = world.relay("wal");
+    world.until_the_slot_is_read_and_everything_sent().await;
+    write(&world.store, 2, 5).await;
+    sqlx::query("DROP PUBLICATION waybill_outbox")
+        .execute(&world.pool)
+        .await
+        .expect("dropped");
+    // Written while there is none: the slot's changes from here on name a publication that did
+    // not exist when they were written, in every session.
+    write(&world.store, 2, 5).await;
+    sqlx::query("CREATE PUBLICATION waybill_outbox FOR TABLE outbox WITH (publish = 'insert')")
+        .execute(&world.pool)
+        .await
+        .expect("made again");
+    write(&world.store, 2, 5).await;
+    world.everything_delivered_once_in_order(&["wal"]).await;
+    // Not only delivered by the drains of failing sessions: a slot is read again, up to the end.
+    write(&world.store, 2, 5).await;
+    world.everything_delivered_once_in_order(&["wal"]).await;
+    until_the_slot_confirms_the_end_of_the_wal(&world).await;
+    assert!(
+        world.log("wal").contains("predate publication"),
+        "{}",
+        world.log("wal")
+    );
+    sigkill(&mut wal);
+}
+
+#[tokio::test]
+async fn a_wal_relay_sweeps_sent_rows_past_the_retention_and_exports_the_outbox_gauges() {
+    let world = World::new().await;
+    let metrics_port = testkit::free_ports(1).expect("a port")[0];
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
+    let mut wal = world.spawn_relay_via(
+        "wal",
+        "wal",
+        &world.nats_url,
+        &["--retention", "1s", "--metrics-listen", &metrics_listen],
+    );
+    world.until_the_slot_is_read_and_everything_sent().await;
+    write(&world.store, 2, 10).await;
+    world.everything_delivered_once_in_order(&["wal"]).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the sent rows past the retention deleted",
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox")
+                .fetch_one(&world.pool)
+                .await
+                .expect("count")
+                == 0
+        },
+    )
+    .await;
+    let metrics = get_metrics(metrics_port).await;
+    assert!(metrics.contains("waybill_outbox_pending 0"), "{metrics}");
+    assert!(
+        metrics.contains("waybill_outbox_purged_total 30"),
+        "{metrics}"
+    );
+    sigkill(&mut wal);
 }

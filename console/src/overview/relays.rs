@@ -254,6 +254,7 @@ mod tests {
             name: "waybill_outbox".into(),
             plugin: Some("pgoutput".into()),
             database: Some("shop".into()),
+            in_this_database: true,
             active: false,
             active_pid: None,
             wal_status: Some("unreserved".into()),

@@ -5,11 +5,38 @@ use std::time::Duration;
 
 use ops::error_chain;
 use sqlx::PgPool;
+use tokio::task::JoinHandle;
 
-use crate::{admin, metrics};
+use crate::{RelayConfig, admin, metrics};
+
+/// The chores of a running relay, whichever its source: the outbox gauges and, with `--retention`,
+/// the sweep. Stopped when dropped.
+pub(crate) struct Chores {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Chores {
+    pub(crate) fn start(pool: &PgPool, config: &RelayConfig) -> Self {
+        let mut tasks = vec![tokio::spawn(refresh_gauges(pool.clone()))];
+        if let Some(retention) = config.retention {
+            tasks.push(tokio::spawn(sweep(
+                pool.clone(),
+                retention,
+                config.retention_batch.max(1),
+            )));
+        }
+        Self { tasks }
+    }
+}
+
+impl Drop for Chores {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(JoinHandle::abort);
+    }
+}
 
 /// Refreshes the outbox gauges every 5 s and prunes the journal every minute.
-pub(super) async fn refresh_gauges(pool: PgPool) {
+async fn refresh_gauges(pool: PgPool) {
     let mut ticks = 0u64;
     loop {
         match admin::status(&pool, false).await {
@@ -42,7 +69,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// statement on rows no relay will touch again (sent, and `SKIP LOCKED`), so the sweep never waits for
 /// a claim and several relays can sweep at once. The fence does not need a purged row: a relay reads
 /// a purged predecessor's sequence from the stream.
-pub(super) async fn sweep(pool: PgPool, retention: Duration, batch: i64) {
+async fn sweep(pool: PgPool, retention: Duration, batch: i64) {
     loop {
         // Counted batch by batch: a first sweep over a large backlog takes a while.
         let mut counted = 0;

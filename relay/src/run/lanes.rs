@@ -10,7 +10,7 @@ use async_nats::connection::State;
 use ops::error_chain;
 use tokio::sync::Notify;
 
-use super::chores::{refresh_gauges, sweep};
+use super::chores::Chores;
 use super::gate::SlotGate;
 use super::summary::Progress;
 use super::wake::listen;
@@ -54,14 +54,7 @@ impl Relay {
         )
         .await;
         let listener = tokio::spawn(listen(self.pool.clone(), wakes.clone()));
-        let gauges = tokio::spawn(refresh_gauges(self.pool.clone()));
-        let sweeper = self.config.retention.map(|retention| {
-            tokio::spawn(sweep(
-                self.pool.clone(),
-                retention,
-                self.config.retention_batch.max(1),
-            ))
-        });
+        let chores = Chores::start(&self.pool, &self.config);
         let totals = Arc::new(Mutex::new(RunSummary::default()));
         let lanes = wakes
             .iter()
@@ -69,12 +62,9 @@ impl Relay {
             .map(|(lane, wake)| self.lane(lane, wake, &totals, &peers, &gate));
         futures::future::join_all(lanes).await;
         listener.abort();
-        gauges.abort();
+        drop(chores);
         if let Some(gate_task) = gate_task {
             gate_task.abort();
-        }
-        if let Some(sweeper) = sweeper {
-            sweeper.abort();
         }
         stopper.abort();
         // Counters stay whole whatever panicked while they were held: report them, never zeros.

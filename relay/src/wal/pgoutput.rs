@@ -184,10 +184,11 @@ impl Relations {
         self.known.insert(relation.id, relation);
     }
 
-    /// An insert into `table` (unqualified name) read as an outbox row; `Ok(None)` for an insert into
-    /// any other table of the publication.
+    /// An insert into `schema.table` read as an outbox row; `Ok(None)` for an insert into any other
+    /// table of the publication — another schema's `outbox` included (a publication may list several).
     pub fn outbox_insert(
         &self,
+        schema: &str,
         table: &str,
         relation: u32,
         values: &[Option<String>],
@@ -196,7 +197,7 @@ impl Relations {
             .known
             .get(&relation)
             .ok_or(DecodeError::UnknownRelation(relation))?;
-        if described.name != table {
+        if described.name != table || described.namespace != schema {
             return Ok(None);
         }
         let column = |name: &str| -> Result<Option<&str>, DecodeError> {
@@ -250,9 +251,14 @@ mod tests {
     use super::*;
 
     fn relation_message(id: u32, name: &str, columns: &[&str]) -> Vec<u8> {
+        relation_message_in(id, "public", name, columns)
+    }
+
+    fn relation_message_in(id: u32, namespace: &str, name: &str, columns: &[&str]) -> Vec<u8> {
         let mut m = vec![b'R'];
         m.extend(id.to_be_bytes());
-        m.extend(b"public\0");
+        m.extend(namespace.as_bytes());
+        m.push(0);
         m.extend(name.as_bytes());
         m.push(0);
         m.push(b'd');
@@ -322,7 +328,7 @@ mod tests {
     fn outbox_row(message: &[u8], relations: &Relations) -> Option<OutboxInsert> {
         match decode(message).expect("decodes") {
             Change::Insert { relation, values } => relations
-                .outbox_insert("outbox", relation, &values)
+                .outbox_insert("public", "outbox", relation, &values)
                 .expect("an outbox row"),
             other => panic!("not an insert: {other:?}"),
         }
@@ -387,6 +393,18 @@ mod tests {
             outbox_row(&insert_message(9, &[Some("1")]), &relations),
             None
         );
+        // Another schema's outbox, published by the same publication, is not this relay's.
+        let Change::Relation(relation) =
+            decode(&relation_message_in(10, "tenant_b", "outbox", &COLUMNS)).expect("decodes")
+        else {
+            panic!("a relation")
+        };
+        relations.describe(relation);
+        let body = r#"{"a":1}"#;
+        assert_eq!(
+            outbox_row(&insert_message(10, &values(None, body)), &relations),
+            None
+        );
     }
 
     #[test]
@@ -399,7 +417,7 @@ mod tests {
             panic!("an insert")
         };
         assert_eq!(
-            relations.outbox_insert("outbox", relation, &values),
+            relations.outbox_insert("public", "outbox", relation, &values),
             Err(DecodeError::UnknownRelation(5))
         );
         // Cut anywhere inside, a message is truncated, never read short.

@@ -15,10 +15,15 @@ pub const DEFAULT_SLOT: &str = "waybill_outbox";
 pub const DEFAULT_PUBLICATION: &str = "waybill_outbox";
 
 /// Refuses a slot or publication name PostgreSQL would need quoted: `START_REPLICATION` takes the slot
-/// unquoted, so only lower-case letters, digits and `_` (at most 63) are accepted.
+/// unquoted, so only lower-case letters, digits and `_` (at most 63, not starting with a digit) are
+/// accepted — `pg_create_logical_replication_slot` takes `1abc`, which `START_REPLICATION` then
+/// cannot parse.
 pub fn check_name(what: &str, name: &str) -> Result<(), ops::Refused> {
-    let fine = !name.is_empty()
-        && name.len() <= 63
+    let fine = name.len() <= 63
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
@@ -26,7 +31,7 @@ pub fn check_name(what: &str, name: &str) -> Result<(), ops::Refused> {
         Ok(())
     } else {
         Err(ops::Refused::new(format!(
-            "{what} name {name:?}: use 1 to 63 lower-case letters, digits and _"
+            "{what} name {name:?}: use 1 to 63 lower-case letters, digits and _, starting with a letter or _"
         )))
     }
 }
@@ -142,7 +147,10 @@ pub fn replication_config(
     };
     let config = ReplicationConfig::new(host, user, password, database, slot, publication)
         .with_port(port)
-        .with_tls(TlsConfig::disabled());
+        .with_tls(TlsConfig::disabled())
+        // pgoutput writes each value in the session's text format: `created_at` must come as ISO
+        // whatever DateStyle the database or the role sets.
+        .with_options("-c datestyle=ISO");
     Ok(Replication { config, tls })
 }
 
@@ -159,6 +167,9 @@ pub struct SlotState {
     pub plugin: Option<String>,
     /// The slot's database (a logical slot belongs to one).
     pub database: Option<String>,
+    /// It belongs to the database the relay uses: slot names are shared by the whole server, and a
+    /// relay of another database cannot read this one's.
+    pub in_this_database: bool,
     /// A session reads it now.
     pub active: bool,
     pub active_pid: Option<i32>,
@@ -195,7 +206,8 @@ impl SlotState {
 
 /// A slot's row of `pg_replication_slots` as [`SlotState`] reads it, with its lag; callers add the
 /// condition.
-const SLOT_STATE: &str = "SELECT slot_name::text AS name, plugin::text, database::text, active,
+const SLOT_STATE: &str = "SELECT slot_name::text AS name, plugin::text, database::text,
+        database IS NOT DISTINCT FROM current_database() AS in_this_database, active,
         active_pid, wal_status,
         pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 AS lag_bytes,
         (SELECT extract(epoch FROM r.replay_lag)::float8 FROM pg_stat_replication r
@@ -267,6 +279,32 @@ pub async fn current_position(pool: &PgPool) -> sqlx::Result<u64> {
     Ok(u64::try_from(position).unwrap_or_default())
 }
 
+/// The schema where the relay's `outbox` resolves (the pool's search path): only that table's
+/// inserts are its rows, whatever else the publication lists.
+pub async fn outbox_schema(pool: &PgPool) -> anyhow::Result<String> {
+    let schema: Option<String> = sqlx::query_scalar(
+        "SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.oid = to_regclass($1)",
+    )
+    .bind(store::outbox::TABLE)
+    .fetch_optional(pool)
+    .await?;
+    schema.ok_or_else(|| {
+        anyhow::anyhow!(
+            "no {} table on the search path: run `waybill migrate`",
+            store::outbox::TABLE
+        )
+    })
+}
+
+/// Publication `name` exists.
+pub async fn publication_exists(pool: &PgPool, name: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+        .bind(name)
+        .fetch_one(pool)
+        .await
+}
+
 /// Where slot `name`'s reader last confirmed, as a WAL position.
 pub async fn confirmed_position(pool: &PgPool, name: &str) -> sqlx::Result<Option<u64>> {
     let position: Option<Option<i64>> = sqlx::query_scalar(
@@ -300,12 +338,14 @@ pub enum Verdict {
 }
 
 /// Everything `--source wal` needs, one finding each, read-only: the server's settings, the role's
-/// privilege, the publication, the slot (when there is one) and a replication session's round trip.
+/// privilege, the publication, the slot (when there is one) and, with `round_trip`, a replication
+/// session's round trip.
 pub async fn check(
     pool: &PgPool,
     database_url: &str,
     slot: &str,
     publication: &str,
+    round_trip: bool,
 ) -> anyhow::Result<Vec<Finding>> {
     let mut findings = Vec::new();
     let mut say = |check, verdict, detail: String| {
@@ -386,23 +426,52 @@ pub async fn check(
         );
     }
 
-    let published: Option<bool> = sqlx::query_scalar(
-        "SELECT p.pubinsert AND EXISTS (SELECT 1 FROM pg_publication_tables t
-                                        WHERE t.pubname = p.pubname AND t.tablename = $2
-                                          AND t.schemaname = current_schema())
-         FROM pg_publication p WHERE p.pubname = $1",
+    // A row filter or a column list (PostgreSQL 15) would keep rows or columns from the relay: read
+    // through to_jsonb, so that older servers without those columns read as having neither.
+    let published: Option<(bool, Option<String>, Vec<String>)> = sqlx::query_as(
+        "SELECT p.pubinsert AND t.pubname IS NOT NULL,
+                to_jsonb(t) ->> 'rowfilter',
+                COALESCE((SELECT array_agg(a.attname::text ORDER BY a.attnum)
+                          FROM pg_attribute a
+                          WHERE a.attrelid = to_regclass($2) AND a.attnum > 0
+                            AND NOT a.attisdropped
+                            AND NOT (to_jsonb(t) -> 'attnames') ? a.attname::text), '{}')
+         FROM pg_publication p
+         LEFT JOIN pg_publication_tables t
+           ON t.pubname = p.pubname AND t.tablename = $2 AND t.schemaname = current_schema()
+         WHERE p.pubname = $1",
     )
     .bind(publication)
     .bind(store::outbox::TABLE)
     .fetch_optional(pool)
     .await?;
+    let whole_table = format!(
+        "ALTER PUBLICATION {publication} SET TABLE {}",
+        store::outbox::TABLE
+    );
     match published {
-        Some(true) => say(
+        Some((true, Some(filter), _)) => say(
+            "publication",
+            Verdict::Missing,
+            format!(
+                "{publication} filters the outbox's rows (WHERE {filter}): rows it leaves out \
+                 would wait for the next session's drain; {whole_table}"
+            ),
+        ),
+        Some((true, None, left_out)) if !left_out.is_empty() => say(
+            "publication",
+            Verdict::Missing,
+            format!(
+                "{publication} leaves out the outbox's columns {}: {whole_table}",
+                left_out.join(", ")
+            ),
+        ),
+        Some((true, None, _)) => say(
             "publication",
             Verdict::Ok,
             format!("{publication} publishes the outbox's inserts"),
         ),
-        Some(false) => say(
+        Some((false, _, _)) => say(
             "publication",
             Verdict::Missing,
             format!(
@@ -448,6 +517,9 @@ pub async fn check(
 
     // The last word: a replication session opens (pg_hba, the privilege and the database as the
     // server sees them) and identifies the server.
+    if !round_trip {
+        return Ok(findings);
+    }
     match replication_config(database_url, slot, publication) {
         Err(refused) => say(
             "replication connection",
@@ -464,6 +536,33 @@ pub async fn check(
         },
     }
     Ok(findings)
+}
+
+/// Fails where [`check`] finds a prerequisite missing: every session would fail the same way,
+/// slowly, with the outbox left to their opening drains. Not for what the relay mends itself (a
+/// lost slot, dropped and made again), nor the replication round trip, which a standby may not get
+/// while the reader holds the last WAL sender.
+pub async fn refuse_what_is_missing(
+    pool: &PgPool,
+    database_url: &str,
+    slot: &str,
+    publication: &str,
+) -> anyhow::Result<()> {
+    let findings = check(pool, database_url, slot, publication, false).await?;
+    let lost = slot_state(pool, slot)
+        .await?
+        .is_some_and(|s| s.in_this_database && s.wal_status.as_deref() == Some("lost"));
+    let missing: Vec<String> = findings
+        .into_iter()
+        .filter(|f| f.verdict == Verdict::Missing && !(lost && f.check == "slot"))
+        .map(|f| format!("{}: {}", f.check, f.detail))
+        .collect();
+    anyhow::ensure!(
+        missing.is_empty(),
+        "--source wal cannot run on this database (`waybill-relay wal check` lists the same):\n  {}",
+        missing.join("\n  ")
+    );
+    Ok(())
 }
 
 /// The slot's verdict and a line about it: lost is fatal, unreserved (past `keep`, the server's
@@ -487,6 +586,15 @@ pub fn describe_slot(state: &SlotState, keep: &str) -> (Verdict, String) {
         state.wal_status.as_deref().unwrap_or("-"),
         state.plugin.as_deref().unwrap_or("-"),
     );
+    if !state.in_this_database {
+        return (
+            Verdict::Missing,
+            format!(
+                "{detail}: not a slot of this database — slot names are shared by the whole server; \
+                 give this database's relays a slot of their own (--slot)"
+            ),
+        );
+    }
     match state.wal_status.as_deref() {
         Some("lost") => (
             Verdict::Missing,
@@ -539,7 +647,17 @@ mod tests {
     #[test]
     fn names_that_need_quoting_are_refused() {
         assert!(check_name("slot", "waybill_outbox").is_ok());
-        for bad in ["", "Outbox", "a-b", "x; DROP", &"a".repeat(64), "ü"] {
+        assert!(check_name("slot", "_2nd_outbox").is_ok());
+        for bad in [
+            "",
+            "Outbox",
+            "a-b",
+            "x; DROP",
+            &"a".repeat(64),
+            "ü",
+            "1abc",
+            "9x",
+        ] {
             assert!(check_name("slot", bad).is_err(), "{bad:?}");
         }
     }
@@ -653,6 +771,7 @@ mod tests {
             name: "s".into(),
             plugin: Some(plugin.into()),
             database: Some("shop".into()),
+            in_this_database: true,
             active: false,
             active_pid: None,
             wal_status: Some(wal_status.into()),
@@ -690,6 +809,14 @@ mod tests {
             describe_slot(&state("reserved", "test_decoding"), "-1").0,
             Verdict::Missing
         );
+        let elsewhere = SlotState {
+            database: Some("alpha".into()),
+            in_this_database: false,
+            ..state("reserved", "pgoutput")
+        };
+        let (verdict, detail) = describe_slot(&elsewhere, "-1");
+        assert_eq!(verdict, Verdict::Missing);
+        assert!(detail.contains("not a slot of this database"), "{detail}");
         assert!(
             describe_slot(&state("reserved", "pgoutput"), "-1")
                 .1

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use super::ledger::{Ledger, Ticket};
-use super::pgoutput::{Change, Relations, decode};
+use super::pgoutput::{Change, DecodeError, Relations, decode};
 use super::slot;
 use crate::claim::ClaimedRow;
 use crate::metrics;
@@ -106,6 +106,13 @@ impl Relay {
         slot::check_name("publication", &source.publication)?;
         // Refused now, not at the first session: a URL the replication session cannot follow.
         slot::replication_config(&source.database_url, &source.slot, &source.publication)?;
+        slot::refuse_what_is_missing(
+            self.pool(),
+            &source.database_url,
+            &source.slot,
+            &source.publication,
+        )
+        .await?;
         metrics::describe();
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(tokio::sync::Notify::new());
@@ -118,6 +125,8 @@ impl Relay {
             })
         };
         let lag = tokio::spawn(watch_lag(self.pool().clone(), source.slot.clone()));
+        // The outbox gauges and the retention sweep, as a polling relay runs them.
+        let chores = crate::run::Chores::start(self.pool(), self.config());
         let mut summary = RunSummary::default();
         let mut failures = 0u32;
         let mut standby_since: Option<Instant> = None;
@@ -167,6 +176,7 @@ impl Relay {
             }
         }
         lag.abort();
+        drop(chores);
         stopper.abort();
         tracing::info!(?summary, "relay stopped");
         Ok(summary)
@@ -182,7 +192,33 @@ impl Relay {
         summary: &mut RunSummary,
         streamed: &mut bool,
     ) -> anyhow::Result<Ended> {
+        // A session without NATS could publish nothing, and an open one holds up PostgreSQL's
+        // shutdown (it waits for every reader to confirm what it was sent): none until NATS is back.
+        if self.client().connection_state() != State::Connected {
+            tracing::warn!("NATS is disconnected; no replication session until it is back");
+            while self.client().connection_state() != State::Connected {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    _ = stop.notified() => return Ok(Ended::Stopped),
+                }
+                if stopping.load(Ordering::Relaxed) {
+                    return Ok(Ended::Stopped);
+                }
+            }
+            tracing::info!("NATS is back; opening a replication session");
+        }
         match slot::slot_state(self.pool(), &source.slot).await? {
+            Some(state) if !state.in_this_database => {
+                anyhow::bail!(
+                    "slot {} belongs to database {}: slot names are shared by the whole server; give \
+                     this database's relays a slot of their own (--slot)",
+                    source.slot,
+                    state
+                        .database
+                        .as_deref()
+                        .unwrap_or("none (a physical slot)")
+                );
+            }
             Some(state) if state.active => {
                 return Ok(Ended::SlotBusy(format!(
                     "read by pid {}",
@@ -213,6 +249,7 @@ impl Relay {
         let confirmed = slot::confirmed_position(self.pool(), &source.slot)
             .await?
             .unwrap_or(0);
+        let outbox_schema = slot::outbox_schema(self.pool()).await?;
         let mut replication =
             slot::replication_config(&source.database_url, &source.slot, &source.publication)?;
         replication.config = replication
@@ -227,7 +264,7 @@ impl Relay {
             ));
         let mut client = replication.connect().await?;
         if let Err(error) = client.wait_started().await {
-            return classify(self.pool(), &source.slot, error).await;
+            return classify(self.pool(), source, error).await;
         }
         tracing::info!(slot = %source.slot, from = %Lsn::from_u64(confirmed), "streaming the outbox from the WAL");
         *streamed = true;
@@ -235,6 +272,7 @@ impl Relay {
             relay: self,
             ledger: Ledger::starting_at(confirmed),
             relations: Relations::default(),
+            outbox_schema,
             fences: HashMap::new(),
             handed_over: HashSet::new(),
             open: Vec::new(),
@@ -245,7 +283,7 @@ impl Relay {
             stopping: stopping.clone(),
         };
         let mut last_handover = Instant::now();
-        let ended = loop {
+        let ended = 'session: loop {
             // Checked first: a stop that came while no `stop.notified()` was waiting (the timer's
             // pass below runs without one) must not wait for the next replication message.
             if stopping.load(Ordering::Relaxed) {
@@ -285,9 +323,11 @@ impl Relay {
             let event = match event {
                 Ok(Some(event)) => event,
                 Ok(None) => break Ended::SlotGone("the server ended the stream".to_owned()),
-                Err(error) => break classify(self.pool(), &source.slot, error).await?,
+                Err(error) => break classify(self.pool(), source, error).await?,
             };
-            session.read(event)?;
+            if let Err(error) = session.read(event) {
+                break unreadable(error)?;
+            }
             // Publish when nothing more is waiting, or the batch is full; what arrives meanwhile
             // waits in the replication client's buffer.
             let most = usize::try_from(self.config().max_rows).unwrap_or(usize::MAX);
@@ -295,11 +335,15 @@ impl Relay {
             while !full {
                 match client.recv().now_or_never() {
                     Some(Ok(Some(event))) => {
-                        session.read(event)?;
+                        if let Err(error) = session.read(event) {
+                            break 'session unreadable(error)?;
+                        }
                         full = session.batch_rows() >= most;
                     }
                     Some(Ok(None)) | None => break,
-                    Some(Err(error)) => return classify(self.pool(), &source.slot, error).await,
+                    Some(Err(error)) => {
+                        break 'session classify(self.pool(), source, error).await?;
+                    }
                 }
             }
             if !session.batch.is_empty() {
@@ -336,11 +380,24 @@ impl Relay {
 /// slot, or it was dropped or invalidated — or neither, and the failure is the error.
 async fn classify(
     pool: &sqlx::PgPool,
-    slot_name: &str,
+    source: &WalSource,
     error: pgwire_replication::PgWireError,
 ) -> anyhow::Result<Ended> {
-    match slot::slot_state(pool, slot_name).await? {
+    // pgoutput looks the publication up as of each change's position: a publication dropped and
+    // made again is missing for every change written in between, in every session on this slot.
+    // Once it exists again, only a new slot (after a drain, which delivers those changes' rows)
+    // reads on.
+    if error.to_string().contains("SQLSTATE 42704")
+        && slot::publication_exists(pool, &source.publication).await?
+    {
+        return Ok(Ended::SlotGone(format!(
+            "the slot's changes predate publication {} ({error})",
+            source.publication
+        )));
+    }
+    match slot::slot_state(pool, &source.slot).await? {
         None => Ok(Ended::SlotGone(format!("dropped ({error})"))),
+        Some(state) if !state.in_this_database => Err(error.into()),
         Some(state) if state.wal_status.as_deref() == Some("lost") => {
             Ok(Ended::SlotGone(format!("invalidated ({error})")))
         }
@@ -349,6 +406,18 @@ async fn classify(
             state.active_pid.unwrap_or_default()
         ))),
         Some(_) => Err(error.into()),
+    }
+}
+
+/// A session's end at a change it cannot read. A row the slot carries that this relay cannot read
+/// (written while the publication left out a column, say) would stop every later session at the
+/// same place: the slot is made again after a drain, which delivers that row by polling.
+fn unreadable(error: anyhow::Error) -> anyhow::Result<Ended> {
+    match error.downcast_ref::<DecodeError>() {
+        Some(DecodeError::Row(reason)) => Ok(Ended::SlotGone(format!(
+            "a row it carries cannot be read: {reason}"
+        ))),
+        _ => Err(error),
     }
 }
 
@@ -364,11 +433,16 @@ fn add(summary: &mut RunSummary, other: &RunSummary) {
     summary.steps += other.steps;
 }
 
+/// How long a batch waits for NATS with the replication session open.
+const BROKER_AWAY: Duration = Duration::from_secs(10);
+
 /// A streaming session's state.
 struct Session<'a> {
     relay: &'a Relay,
     ledger: Ledger,
     relations: Relations,
+    /// The schema of the outbox this relay delivers: another schema's `outbox` is not its own.
+    outbox_schema: String,
     /// Each aggregate's last delivered version and its stream sequence: the next version's fence.
     fences: HashMap<Uuid, (i64, u64)>,
     /// Aggregates whose rows polling delivers for now.
@@ -422,9 +496,12 @@ impl Session<'_> {
             ReplicationEvent::XLogData { data, .. } => match decode(&data)? {
                 Change::Relation(relation) => self.relations.describe(relation),
                 Change::Insert { relation, values } => {
-                    let insert =
-                        self.relations
-                            .outbox_insert(store::outbox::TABLE, relation, &values)?;
+                    let insert = self.relations.outbox_insert(
+                        &self.outbox_schema,
+                        store::outbox::TABLE,
+                        relation,
+                        &values,
+                    )?;
                     // Rows written as anything but pending (fixtures, restores) are not new events.
                     if let Some(insert) = insert.filter(|i| i.status == "pending") {
                         self.open.push(insert.row);
@@ -617,11 +694,19 @@ impl Session<'_> {
                 break;
             }
             // The broker is away: nothing can be published, so the batch waits for it (as polling
-            // relays stop claiming) rather than hand every aggregate over.
+            // relays stop claiming) rather than hand every aggregate over. Not for long with the
+            // session open: PostgreSQL's shutdown waits until every reader has confirmed all it was
+            // sent, which this one cannot, and a standby claims only once the slot is free.
             if self.relay.client().connection_state() != State::Connected {
+                let away = Instant::now();
                 while self.relay.client().connection_state() != State::Connected
                     && !self.stopping.load(Ordering::Relaxed)
                 {
+                    anyhow::ensure!(
+                        away.elapsed() < BROKER_AWAY,
+                        "NATS has been away for {BROKER_AWAY:?}: the replication session is closed \
+                         until it is back (the outbox keeps every row)"
+                    );
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
                 continue;
@@ -886,13 +971,25 @@ async fn mark_visible(
 /// Reads the slot's lag into the metrics every few seconds, and warns while it risks invalidation.
 async fn watch_lag(pool: sqlx::PgPool, slot: String) {
     let mut every = tokio::time::interval(LAG_EVERY);
+    // Where the slot was last confirmed, and since when: without a reader PostgreSQL measures no
+    // lag, and the time the slot has stood still is what an operator needs then.
+    let mut confirmed: (Option<u64>, Instant) = (None, Instant::now());
     loop {
         every.tick().await;
         match slot::slot_state(&pool, &slot).await {
             Ok(Some(state)) => {
+                let position = slot::confirmed_position(&pool, &slot).await.ok().flatten();
+                if position != confirmed.0 {
+                    confirmed = (position, Instant::now());
+                }
+                let lag_seconds = if state.active {
+                    state.lag_seconds
+                } else {
+                    Some(confirmed.1.elapsed().as_secs_f64())
+                };
                 metrics::record_slot(
                     state.lag_bytes.unwrap_or(0),
-                    state.lag_seconds,
+                    lag_seconds,
                     state.retained_bytes.unwrap_or(0),
                     state.active,
                     state.safe_wal_size,
