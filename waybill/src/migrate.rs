@@ -14,6 +14,19 @@ pub(crate) async fn run(database_url: &str, json: bool) -> anyhow::Result<()> {
     let pool = ops::database::connect(database_url, "waybill-migrate", 1)
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {shown}"))?;
+    // Events are JSON in any language: a database that cannot hold every character would refuse
+    // some of them, and a migration (whose comments are not all ASCII) halfway through.
+    let encoding: String = sqlx::query_scalar("SHOW server_encoding")
+        .fetch_one(&pool)
+        .await
+        .context("reading the database's encoding")?;
+    if encoding != "UTF8" {
+        return Err(ops::Refused::new(format!(
+            "the database at {shown} is encoded {encoding}; waybill needs UTF8: create it with \
+             CREATE DATABASE … ENCODING 'UTF8' TEMPLATE template0 (nothing was migrated)"
+        ))
+        .into());
+    }
     let applied = store::migrate(&pool).await.context("applying migrations")?;
     pool.close().await;
     if json {

@@ -420,6 +420,45 @@ async fn migrate_creates_a_missing_database_and_is_idempotent() {
     .expect("drop");
 }
 
+#[tokio::test]
+async fn migrate_refuses_a_database_that_is_not_utf8_and_changes_nothing() {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let name = format!("waybill_latin1_{}", Uuid::now_v7().simple());
+    let admin = ops::database::connect(&base, "waybill-test", 1)
+        .await
+        .expect("connect");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE \"{name}\" ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"
+    )))
+    .execute(&admin)
+    .await
+    .expect("a LATIN1 database");
+    let url = ops::database::with_database(&base, &name);
+    let refused = waybill(&url, &["migrate"]).await;
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("encoded LATIN1"),
+        "{}",
+        refused.stderr
+    );
+    let database = ops::database::connect(&url, "waybill-test", 1)
+        .await
+        .expect("connect");
+    let tables: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+            .fetch_one(&database)
+            .await
+            .expect("tables");
+    assert_eq!(tables, 0, "nothing migrated");
+    database.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE \"{name}\" WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop");
+}
+
 #[sqlx::test(migrator = "store::MIGRATOR")]
 async fn outbox_status_counts_what_commands_wrote(pool: PgPool) {
     let url = testkit::database_url(&pool).await;
