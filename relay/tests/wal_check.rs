@@ -157,6 +157,22 @@ async fn what_is_missing_is_named_and_exits_1() {
         "{detail}"
     );
     assert_eq!(verdict(&found, "replication connection").0, "missing");
+    // Amazon RDS and Aurora grant the privilege through this role's membership instead.
+    for statement in [
+        "CREATE ROLE rds_replication",
+        "GRANT rds_replication TO plain",
+    ] {
+        sqlx::query(statement)
+            .execute(&pool)
+            .await
+            .expect(statement);
+    }
+    let found = findings(&wal_check(&plain, &[]).await);
+    assert_eq!(verdict(&found, "replication privilege").0, "ok");
+    sqlx::query("DROP ROLE rds_replication")
+        .execute(&pool)
+        .await
+        .expect("dropped");
 
     // Names that would need quoting are refused before anything is read, and so is one that
     // PostgreSQL makes a slot of but `START_REPLICATION` cannot read.

@@ -1311,6 +1311,36 @@ async fn a_publication_dropped_and_made_again_is_read_past_with_a_new_slot() {
         "{}",
         world.log("wal")
     );
+
+    // A row written while the publication leaves out a column the relay reads (traceparent)
+    // cannot be read by any session on that slot: the slot is made again after a drain, which
+    // delivers the row from the outbox.
+    sqlx::query(
+        "ALTER PUBLICATION waybill_outbox SET TABLE outbox (id, attempts, created_at, event_id,
+             event_type, event_version, aggregate_type, aggregate_id, aggregate_version, body,
+             status)",
+    )
+    .execute(&world.pool)
+    .await
+    .expect("narrowed");
+    write(&world.store, 2, 3).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the relay makes the slot again past the row it cannot read",
+        || async {
+            world
+                .log("wal")
+                .contains("cannot be read: no column traceparent")
+        },
+    )
+    .await;
+    sqlx::query("ALTER PUBLICATION waybill_outbox SET TABLE outbox")
+        .execute(&world.pool)
+        .await
+        .expect("whole again");
+    write(&world.store, 2, 3).await;
+    world.everything_delivered_once_in_order(&["wal"]).await;
+    until_the_slot_confirms_the_end_of_the_wal(&world).await;
     sigkill(&mut wal);
 }
 

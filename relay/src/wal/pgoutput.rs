@@ -169,6 +169,22 @@ pub struct Relations {
     known: HashMap<u32, Relation>,
 }
 
+/// The outbox's columns an insert is read from: a publication must carry them all.
+pub const COLUMNS_READ: [&str; 12] = [
+    "id",
+    "attempts",
+    "created_at",
+    "traceparent",
+    "event_id",
+    "event_type",
+    "event_version",
+    "aggregate_type",
+    "aggregate_id",
+    "aggregate_version",
+    "body",
+    "status",
+];
+
 /// An insert into the outbox, read as the polling relay reads a claimed row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxInsert {

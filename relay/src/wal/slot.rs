@@ -57,8 +57,8 @@ impl Replication {
     async fn bridged(self) -> anyhow::Result<ReplicationConfig> {
         let mut config = self.config;
         if let Some(tls) = &self.tls {
-            config.host = "127.0.0.1".to_owned();
-            config.port = tls.open_bridge().await?;
+            // The client reaches the bridge's socket at `<host>/.s.PGSQL.<port>`.
+            config.host = tls.open_bridge().await?.display().to_string();
         }
         Ok(config)
     }
@@ -412,7 +412,11 @@ pub async fn check(
     }
 
     let (role, may_replicate): (String, bool) = sqlx::query_as(
-        "SELECT current_user::text, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
+        // Amazon RDS and Aurora grant it through membership of rds_replication instead.
+        "SELECT current_user::text, rolreplication OR rolsuper
+                OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = 'rds_replication'
+                           AND pg_has_role(current_user, r.oid, 'MEMBER'))
+         FROM pg_roles WHERE rolname = current_user",
     )
     .fetch_one(pool)
     .await?;
@@ -431,18 +435,19 @@ pub async fn check(
     let published: Option<(bool, Option<String>, Vec<String>)> = sqlx::query_as(
         "SELECT p.pubinsert AND t.pubname IS NOT NULL,
                 to_jsonb(t) ->> 'rowfilter',
-                COALESCE((SELECT array_agg(a.attname::text ORDER BY a.attnum)
-                          FROM pg_attribute a
-                          WHERE a.attrelid = to_regclass($2) AND a.attnum > 0
-                            AND NOT a.attisdropped
-                            AND NOT (to_jsonb(t) -> 'attnames') ? a.attname::text), '{}')
+                COALESCE((SELECT array_agg(c ORDER BY c) FROM unnest($3::text[]) AS c
+                          WHERE NOT (to_jsonb(t) -> 'attnames') ? c), '{}')
          FROM pg_publication p
          LEFT JOIN pg_publication_tables t
-           ON t.pubname = p.pubname AND t.tablename = $2 AND t.schemaname = current_schema()
+           ON t.pubname = p.pubname
+          AND format('%I.%I', t.schemaname, t.tablename)::regclass = to_regclass($2)
          WHERE p.pubname = $1",
     )
     .bind(publication)
     .bind(store::outbox::TABLE)
+    // The relay's table is the one its search path finds (as it reads it), and the columns that
+    // matter are those it reads.
+    .bind(&super::pgoutput::COLUMNS_READ[..])
     .fetch_optional(pool)
     .await?;
     let whole_table = format!(

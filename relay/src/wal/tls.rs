@@ -1,9 +1,10 @@
 //! TLS on the replication session. The replication crate's own TLS stack brings a crypto provider
 //! this project bans, so the relay opens the TLS session itself — with the rustls and ring that sqlx
 //! and async-nats already use, the certificate checked as `sslmode` says — and lends the crate a
-//! loopback socket whose bytes it carries over that session.
+//! Unix socket, in a directory only the relay's user may enter, whose bytes it carries over that
+//! session.
 
-use std::net::Ipv4Addr;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +18,8 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
@@ -55,32 +56,39 @@ const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 /// each get this long.
 const WITHIN: Duration = Duration::from_secs(30);
 
+/// Once the replication client has closed its side, how long the server gets to close its own.
+const CLOSING: Duration = Duration::from_secs(5);
+
 impl TlsTarget {
     /// Opens the TLS session to the server — a refused certificate fails here, with rustls' reason —
-    /// and returns the loopback port where the replication client connects in plain text. One
-    /// connection is accepted, then the listener closes; the bytes flow until either side ends. The
-    /// bridge adds no trust: whoever reached it first would still have to log in as PostgreSQL asks.
-    pub async fn open_bridge(&self) -> anyhow::Result<u16> {
-        let mut tls = tokio::time::timeout(WITHIN, self.connect())
+    /// and returns the directory of the Unix socket (named as PostgreSQL names its own,
+    /// `.s.PGSQL.<port>`) where the replication client connects in plain text. The directory is
+    /// made for this session, mode 0700: no other user's process can reach the bridge, or take
+    /// its place. One connection is accepted, then the socket and its directory are removed; the
+    /// bytes flow until either side ends.
+    pub async fn open_bridge(&self) -> anyhow::Result<PathBuf> {
+        let tls = tokio::time::timeout(WITHIN, self.connect())
             .await
             .map_err(|_| {
                 anyhow::anyhow!("{}: no TLS session within {WITHIN:?}", self.address())
             })??;
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-        let port = listener.local_addr()?.port();
+        let directory = private_directory()?;
+        let socket = directory.join(format!(".s.PGSQL.{}", self.port));
+        let listener = match UnixListener::bind(&socket) {
+            Ok(listener) => listener,
+            Err(error) => {
+                let _ = std::fs::remove_dir_all(&directory);
+                return Err(error).context("the replication session's TLS bridge");
+            }
+        };
         let server = self.address();
+        let bridge = directory.clone();
         tokio::spawn(async move {
             let accepted = tokio::time::timeout(WITHIN, listener.accept()).await;
             drop(listener);
+            let _ = std::fs::remove_dir_all(&bridge);
             match accepted {
-                Ok(Ok((mut plain, _))) => {
-                    let _ = plain.set_nodelay(true);
-                    // Ends when either side closes; an error is the session's end, which the
-                    // replication client reports.
-                    if let Err(error) = tokio::io::copy_bidirectional(&mut plain, &mut tls).await {
-                        tracing::debug!(%server, %error, "the replication session's TLS ended");
-                    }
-                }
+                Ok(Ok((plain, _))) => carry(plain, tls, &server).await,
                 Ok(Err(error)) => {
                     tracing::warn!(%server, %error, "the replication client could not reach its TLS bridge")
                 }
@@ -89,7 +97,7 @@ impl TlsTarget {
                 }
             }
         });
-        Ok(port)
+        Ok(directory)
     }
 
     fn address(&self) -> String {
@@ -169,6 +177,49 @@ impl TlsTarget {
         }
         anyhow::ensure!(!store.is_empty(), "sslrootcert holds no certificate");
         Ok(store)
+    }
+}
+
+/// A new directory only this user may enter, under the system's temporary directory.
+fn private_directory() -> anyhow::Result<PathBuf> {
+    let name = format!(
+        "waybill-relay-tls-{}-{}",
+        std::process::id(),
+        uuid::Uuid::now_v7().simple()
+    );
+    let directory = std::env::temp_dir().join(name);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&directory)
+        .with_context(|| format!("making {}", directory.display()))?;
+    Ok(directory)
+}
+
+/// Carries bytes both ways until the server closes, or the client has closed and the server has
+/// had [`CLOSING`] to follow: a server gone silent does not keep the task and its sockets.
+async fn carry(plain: impl AsyncRead + AsyncWrite, tls: impl AsyncRead + AsyncWrite, server: &str) {
+    let (mut plain_read, mut plain_write) = tokio::io::split(plain);
+    let (mut tls_read, mut tls_write) = tokio::io::split(tls);
+    let up = async {
+        let copied = tokio::io::copy(&mut plain_read, &mut tls_write).await;
+        let _ = tls_write.shutdown().await;
+        copied
+    };
+    let down = async {
+        let copied = tokio::io::copy(&mut tls_read, &mut plain_write).await;
+        let _ = plain_write.shutdown().await;
+        copied
+    };
+    tokio::pin!(up, down);
+    let ended = tokio::select! {
+        copied = &mut down => copied,
+        copied = &mut up => match tokio::time::timeout(CLOSING, &mut down).await {
+            Ok(down) => copied.and(down),
+            Err(_) => copied,
+        },
+    };
+    if let Err(error) = ended {
+        tracing::debug!(%server, %error, "the replication session's TLS ended");
     }
 }
 
