@@ -1307,7 +1307,9 @@ async fn a_publication_dropped_and_made_again_is_read_past_with_a_new_slot() {
     world.everything_delivered_once_in_order(&["wal"]).await;
     until_the_slot_confirms_the_end_of_the_wal(&world).await;
     assert!(
-        world.log("wal").contains("predate publication"),
+        world
+            .log("wal")
+            .contains("every session fails at the slot's position"),
         "{}",
         world.log("wal")
     );

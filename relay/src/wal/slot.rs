@@ -763,11 +763,9 @@ mod tests {
             "s",
             "p",
         )
-        .expect_err("refused");
-        assert!(
-            refused.to_string().contains("client certificate"),
-            "{refused}"
-        );
+        .expect_err("refused")
+        .to_string();
+        assert!(refused.contains("client certificate"), "{refused}");
     }
 
     #[test]

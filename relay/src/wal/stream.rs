@@ -130,6 +130,8 @@ impl Relay {
         let mut summary = RunSummary::default();
         let mut failures = 0u32;
         let mut standby_since: Option<Instant> = None;
+        // The confirmed position at which streaming sessions failed, and how many in a row.
+        let mut stuck: (Option<u64>, u32) = (None, 0);
         while !stopping.load(Ordering::Relaxed) {
             let mut streamed = false;
             let ended = self
@@ -164,6 +166,33 @@ impl Relay {
                 Err(error) => {
                     failures += 1;
                     tracing::error!(error = %error_chain(error.as_ref()), "WAL session failed; starting again");
+                    // pgoutput looks the publication up as of each change: after one was dropped
+                    // and made again, every session fails at the first change written meanwhile,
+                    // and so it does at a row written while the publication left out a column.
+                    // Sessions that stream and fail at the same position, with the publication
+                    // there, have the slot made again after a drain, which delivers those rows.
+                    let position = slot::confirmed_position(self.pool(), &source.slot)
+                        .await
+                        .ok()
+                        .flatten();
+                    stuck = match stuck {
+                        (at, sessions) if streamed && position.is_some() && at == position => {
+                            (at, sessions + 1)
+                        }
+                        _ => (position, u32::from(streamed)),
+                    };
+                    if stuck.1 >= STUCK_SESSIONS
+                        && slot::publication_exists(self.pool(), &source.publication)
+                            .await
+                            .unwrap_or(false)
+                    {
+                        tracing::warn!(slot = %source.slot, sessions = stuck.1, "every session fails at the slot's position; dropping it and starting again from the outbox");
+                        if let Err(error) = slot::drop_slot(self.pool(), &source.slot).await {
+                            tracing::warn!(error = %error_chain(&error), "dropping the slot failed");
+                        }
+                        stuck = (None, 0);
+                        continue;
+                    }
                     Duration::from_millis(250) * 2u32.pow(failures.min(6))
                 }
             };
@@ -383,18 +412,6 @@ async fn classify(
     source: &WalSource,
     error: pgwire_replication::PgWireError,
 ) -> anyhow::Result<Ended> {
-    // pgoutput looks the publication up as of each change's position: a publication dropped and
-    // made again is missing for every change written in between, in every session on this slot.
-    // Once it exists again, only a new slot (after a drain, which delivers those changes' rows)
-    // reads on.
-    if error.to_string().contains("SQLSTATE 42704")
-        && slot::publication_exists(pool, &source.publication).await?
-    {
-        return Ok(Ended::SlotGone(format!(
-            "the slot's changes predate publication {} ({error})",
-            source.publication
-        )));
-    }
     match slot::slot_state(pool, &source.slot).await? {
         None => Ok(Ended::SlotGone(format!("dropped ({error})"))),
         Some(state) if !state.in_this_database => Err(error.into()),
@@ -432,6 +449,9 @@ fn add(summary: &mut RunSummary, other: &RunSummary) {
     summary.dead += other.dead;
     summary.steps += other.steps;
 }
+
+/// Streaming sessions failing in a row at one position before the slot is made again.
+const STUCK_SESSIONS: u32 = 3;
 
 /// How long a batch waits for NATS with the replication session open.
 const BROKER_AWAY: Duration = Duration::from_secs(10);
