@@ -1,7 +1,7 @@
 //! Which WAL position the relay may confirm to PostgreSQL: never past a transaction with an outbox
-//! row whose event does not yet have its PubAck (and its mark), and, while nothing is waiting, up to
-//! where the server says the WAL ends — so that a slot on an idle outbox keeps advancing and retains
-//! no WAL.
+//! row whose event does not yet have its PubAck (and its mark), nor into a transaction whose Commit
+//! has not been read, and, while nothing is waiting, up to where the server says the WAL ends — so
+//! that a slot on an idle outbox keeps advancing and retains no WAL.
 
 use std::collections::VecDeque;
 
@@ -9,13 +9,24 @@ use std::collections::VecDeque;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket(u64);
 
+/// A transaction read and not all done.
+#[derive(Debug)]
+struct Waiting {
+    /// The end of its commit: `None` until its Commit is read.
+    end: Option<u64>,
+    /// Its rows handed out to be published and not yet done.
+    left: usize,
+}
+
 /// The confirmable position, kept as transactions are read and their rows are done.
+///
+/// A transaction gets its ticket at its Begin, so that its rows can be handed out in parts before
+/// its Commit is read: the server sends a transaction only once it has committed, and a large one's
+/// rows are published while the rest of it is still arriving, rather than held until its end.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    /// Between a Begin and its Commit: nothing past the last commit may be confirmed.
-    inside: bool,
-    /// Transactions read and not all done, oldest first: (end of commit, rows still waiting).
-    waiting: VecDeque<(u64, usize)>,
+    /// Transactions read and not all done, oldest first; the last one may still be open.
+    waiting: VecDeque<Waiting>,
     /// The ticket of `waiting`'s front.
     first: u64,
     /// The furthest position known to hold nothing undone.
@@ -31,30 +42,33 @@ impl Ledger {
         }
     }
 
-    /// A Begin was read.
-    pub fn begin(&mut self) {
-        self.inside = true;
+    /// A Begin was read: the transaction's ticket, under which its rows are handed out.
+    pub fn begin(&mut self) -> Ticket {
+        let ticket = Ticket(self.first + self.waiting.len() as u64);
+        self.waiting.push_back(Waiting { end: None, left: 0 });
+        ticket
     }
 
-    /// A Commit ending at `end` was read; `rows` of its outbox rows are to be published.
-    pub fn commit(&mut self, end: u64, rows: usize) -> Ticket {
-        self.inside = false;
-        let ticket = Ticket(self.first + self.waiting.len() as u64);
-        self.waiting.push_back((end, rows));
+    /// `rows` more rows of the transaction `ticket` are handed out to be published.
+    pub fn hand_out(&mut self, ticket: Ticket, rows: usize) {
+        if let Some(waiting) = self.get_mut(ticket) {
+            waiting.left += rows;
+        }
+    }
+
+    /// The Commit of the transaction `ticket`, ending at `end`, was read: once its rows are done,
+    /// the position may pass it.
+    pub fn commit(&mut self, ticket: Ticket, end: u64) {
+        if let Some(waiting) = self.get_mut(ticket) {
+            waiting.end = Some(end);
+        }
         self.advance();
-        ticket
     }
 
     /// `rows` rows of the transaction `ticket` are done (PubAcked and recorded).
     pub fn done(&mut self, ticket: Ticket, rows: usize) {
-        let Some(index) = ticket.0.checked_sub(self.first) else {
-            return;
-        };
-        if let Some((_, left)) = usize::try_from(index)
-            .ok()
-            .and_then(|i| self.waiting.get_mut(i))
-        {
-            *left = left.saturating_sub(rows);
+        if let Some(waiting) = self.get_mut(ticket) {
+            waiting.left = waiting.left.saturating_sub(rows);
         }
         self.advance();
     }
@@ -62,7 +76,7 @@ impl Ledger {
     /// A keepalive said the server's WAL ends at `wal_end`: everything before it was sent on this
     /// stream already. Confirmable only when nothing is waiting and no transaction is open.
     pub fn keepalive(&mut self, wal_end: u64) {
-        if !self.inside && self.waiting.is_empty() {
+        if self.waiting.is_empty() {
             self.safe = self.safe.max(wal_end);
         }
     }
@@ -72,13 +86,22 @@ impl Ledger {
         self.safe
     }
 
-    /// Rows read and not yet done.
+    /// Rows handed out and not yet done.
     pub fn rows_waiting(&self) -> usize {
-        self.waiting.iter().map(|(_, left)| left).sum()
+        self.waiting.iter().map(|waiting| waiting.left).sum()
+    }
+
+    fn get_mut(&mut self, ticket: Ticket) -> Option<&mut Waiting> {
+        let index = usize::try_from(ticket.0.checked_sub(self.first)?).ok()?;
+        self.waiting.get_mut(index)
     }
 
     fn advance(&mut self) {
-        while let Some(&(end, 0)) = self.waiting.front() {
+        while let Some(&Waiting {
+            end: Some(end),
+            left: 0,
+        }) = self.waiting.front()
+        {
             self.safe = self.safe.max(end);
             self.waiting.pop_front();
             self.first += 1;
@@ -90,11 +113,18 @@ impl Ledger {
 mod tests {
     use super::*;
 
+    /// A whole transaction read at once: Begin, its rows, Commit.
+    fn read(ledger: &mut Ledger, end: u64, rows: usize) -> Ticket {
+        let ticket = ledger.begin();
+        ledger.hand_out(ticket, rows);
+        ledger.commit(ticket, end);
+        ticket
+    }
+
     #[test]
     fn a_transaction_is_confirmed_only_when_all_of_its_rows_are_done() {
         let mut ledger = Ledger::starting_at(100);
-        ledger.begin();
-        let t = ledger.commit(200, 3);
+        let t = read(&mut ledger, 200, 3);
         assert_eq!(ledger.confirmable(), 100);
         ledger.done(t, 2);
         assert_eq!(ledger.confirmable(), 100);
@@ -103,10 +133,31 @@ mod tests {
     }
 
     #[test]
+    fn a_transaction_done_in_parts_before_its_commit_is_read_waits_for_the_commit() {
+        let mut ledger = Ledger::starting_at(10);
+        let t = ledger.begin();
+        ledger.hand_out(t, 2);
+        ledger.done(t, 2);
+        assert_eq!(ledger.confirmable(), 10, "its commit is not read yet");
+        ledger.keepalive(500);
+        assert_eq!(
+            ledger.confirmable(),
+            10,
+            "a keepalive cannot pass it either"
+        );
+        ledger.hand_out(t, 1);
+        ledger.commit(t, 90);
+        assert_eq!(ledger.confirmable(), 10, "its last part is not done");
+        ledger.done(t, 1);
+        assert_eq!(ledger.confirmable(), 90);
+        assert_eq!(ledger.rows_waiting(), 0);
+    }
+
+    #[test]
     fn a_later_transaction_done_first_waits_for_the_earlier_one() {
         let mut ledger = Ledger::starting_at(0);
-        let first = ledger.commit(10, 1);
-        let second = ledger.commit(20, 1);
+        let first = read(&mut ledger, 10, 1);
+        let second = read(&mut ledger, 20, 1);
         ledger.done(second, 1);
         assert_eq!(ledger.confirmable(), 0, "the first is not done");
         ledger.done(first, 1);
@@ -119,15 +170,15 @@ mod tests {
         let mut ledger = Ledger::starting_at(5);
         ledger.keepalive(50);
         assert_eq!(ledger.confirmable(), 50, "idle: up to the end of the WAL");
-        let t = ledger.commit(60, 1);
+        let t = read(&mut ledger, 60, 1);
         ledger.keepalive(90);
         assert_eq!(ledger.confirmable(), 50, "a row is waiting");
         ledger.done(t, 1);
         assert_eq!(ledger.confirmable(), 60);
-        ledger.begin();
+        let open = ledger.begin();
         ledger.keepalive(120);
         assert_eq!(ledger.confirmable(), 60, "inside a transaction");
-        ledger.commit(130, 0);
+        ledger.commit(open, 130);
         ledger.keepalive(140);
         assert_eq!(ledger.confirmable(), 140);
     }
@@ -136,7 +187,7 @@ mod tests {
     fn the_position_never_goes_back() {
         let mut ledger = Ledger::starting_at(100);
         ledger.keepalive(40);
-        let t = ledger.commit(80, 1);
+        let t = read(&mut ledger, 80, 1);
         ledger.done(t, 1);
         ledger.done(t, 5);
         ledger.done(Ticket(99), 1);

@@ -54,6 +54,10 @@ const IN_STREAM_ATTEMPTS: i32 = 2;
 /// 4… ms, 4.8 / 15.4 (`waybill bench --quick --only sources`, one run each).
 const UNSEEN_MARKS: u32 = 10;
 const UNSEEN_PAUSE: Duration = Duration::from_millis(1);
+/// The bodies' bytes at which an open transaction's rows read so far are handed out to be published.
+const PART_BYTES: usize = 4 << 20;
+/// Replication events the client reads ahead of the relay (a row, a Begin or a Commit each).
+const READ_AHEAD: usize = 1_024;
 /// How often the slot's lag is read into the metrics.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
@@ -285,6 +289,9 @@ impl Relay {
             .config
             .with_start_lsn(Lsn::from_u64(confirmed))
             .with_status_interval(Duration::from_secs(1))
+            // Events read ahead while a batch is published: a few batches' worth keeps the stream
+            // flowing, and the crate's default (8,192) held 43 MB of rows of 5 KB.
+            .with_buffer_size(READ_AHEAD)
             // Named like the relay's other sessions: operators and the bench find its walsender.
             .with_application_name(format!(
                 "{}{}",
@@ -304,7 +311,10 @@ impl Relay {
             outbox_schema,
             fences: HashMap::new(),
             handed_over: HashSet::new(),
-            open: Vec::new(),
+            open: None,
+            open_rows: Vec::new(),
+            open_bytes: 0,
+            part_rows: usize::try_from(self.config().max_rows.max(1)).unwrap_or(usize::MAX),
             batch: Vec::new(),
             drained_through,
             replay_skipped: 0,
@@ -467,10 +477,19 @@ struct Session<'a> {
     fences: HashMap<Uuid, (i64, u64)>,
     /// Aggregates whose rows polling delivers for now.
     handed_over: HashSet<Uuid>,
-    /// The rows of the transaction being read.
-    open: Vec<ClaimedRow>,
-    /// Committed transactions read and not yet delivered, each with whether it committed before the
-    /// session's opening drain ended (a replay: its rows may be sent already).
+    /// The transaction being read — its ticket, and whether it committed before the opening drain
+    /// ended — and its rows not yet handed to the batch.
+    open: Option<(Ticket, bool)>,
+    open_rows: Vec<ClaimedRow>,
+    /// The bodies' bytes in `open_rows`.
+    open_bytes: usize,
+    /// Rows of an open transaction handed to the batch at a time (`--max-rows`), or fewer once their
+    /// bodies reach [`PART_BYTES`]: a large transaction is published in parts as it arrives (the
+    /// server sends it only once committed), not held whole in memory.
+    part_rows: usize,
+    /// Rows read and not yet delivered — each transaction's, or each part of a large one's — with
+    /// whether their transaction committed before the session's opening drain ended (a replay: its
+    /// rows may be sent already).
     batch: Vec<(Ticket, Vec<ClaimedRow>, bool)>,
     /// The server's WAL position when the opening drain ended.
     drained_through: u64,
@@ -509,9 +528,14 @@ impl Session<'_> {
     /// Takes one replication event into the ledger and the batch.
     fn read(&mut self, event: ReplicationEvent) -> anyhow::Result<()> {
         match event {
-            ReplicationEvent::Begin { .. } => {
-                self.ledger.begin();
-                self.open.clear();
+            ReplicationEvent::Begin { final_lsn, .. } => {
+                // `final_lsn` is where its commit record starts, before the commit's end that the
+                // position is confirmed at: a commit straddling the drain's end counts as replayed,
+                // which only costs a look at the outbox.
+                let replayed = final_lsn.as_u64() <= self.drained_through;
+                self.open = Some((self.ledger.begin(), replayed));
+                self.open_rows.clear();
+                self.open_bytes = 0;
             }
             ReplicationEvent::XLogData { data, .. } => match decode(&data)? {
                 Change::Relation(relation) => self.relations.describe(relation),
@@ -524,17 +548,24 @@ impl Session<'_> {
                     )?;
                     // Rows written as anything but pending (fixtures, restores) are not new events.
                     if let Some(insert) = insert.filter(|i| i.status == "pending") {
-                        self.open.push(insert.row);
+                        self.open_bytes += insert.row.body.len();
+                        self.open_rows.push(insert.row);
+                        if self.open_rows.len() >= self.part_rows || self.open_bytes >= PART_BYTES {
+                            self.hand_out_open_rows();
+                        }
                     }
                 }
                 Change::Skipped(_) => {}
             },
             ReplicationEvent::Commit { end_lsn, .. } => {
-                let rows = std::mem::take(&mut self.open);
+                let Some((ticket, _)) = self.open else {
+                    anyhow::bail!("the server sent a Commit without its Begin");
+                };
+                self.hand_out_open_rows();
+                self.open = None;
                 let end = end_lsn.as_u64();
-                let ticket = self.ledger.commit(end, rows.len());
-                let replayed = end <= self.drained_through;
-                if !replayed && self.drained_through > 0 {
+                self.ledger.commit(ticket, end);
+                if end > self.drained_through && self.drained_through > 0 {
                     if self.replay_skipped > 0 {
                         tracing::info!(
                             rows = self.replay_skipped,
@@ -544,14 +575,25 @@ impl Session<'_> {
                     // Once past, every later commit is new.
                     self.drained_through = 0;
                 }
-                if !rows.is_empty() {
-                    self.batch.push((ticket, rows, replayed));
-                }
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => self.ledger.keepalive(wal_end.as_u64()),
             ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
         }
         Ok(())
+    }
+
+    /// Hands the open transaction's rows read so far to the batch.
+    fn hand_out_open_rows(&mut self) {
+        let Some((ticket, replayed)) = self.open else {
+            return;
+        };
+        if self.open_rows.is_empty() {
+            return;
+        }
+        let rows = std::mem::take(&mut self.open_rows);
+        self.open_bytes = 0;
+        self.ledger.hand_out(ticket, rows.len());
+        self.batch.push((ticket, rows, replayed));
     }
 
     /// Publishes the batch — each aggregate's rows as one chain, in commit order — retrying what fails
