@@ -1473,3 +1473,31 @@ async fn a_large_transaction_is_published_in_parts_with_memory_bounded_and_survi
     until_the_slot_confirms_the_end_of_the_wal(&world).await;
     sigkill(&mut second);
 }
+
+#[tokio::test]
+async fn verify_full_refuses_a_certificate_for_another_name_that_verify_ca_accepts() {
+    // The server's certificate, signed by the CA the relay trusts, names localhost only; the relay
+    // reaches it at 127.0.0.1.
+    let postgres =
+        PostgresServer::start_with_tls_for("DNS:localhost").expect("private PostgreSQL with TLS");
+    let ca = postgres.ca().expect("its CA").to_owned();
+    let target = |verify| relay::wal::tls::TlsTarget {
+        host: "127.0.0.1".to_owned(),
+        port: postgres.port(),
+        verify,
+        roots: Some(relay::wal::tls::Roots::File(ca.clone())),
+    };
+    let bridge = target(relay::wal::tls::Verify::Authority)
+        .open_bridge()
+        .await
+        .expect("verify-ca checks the chain only: accepted");
+    drop(bridge);
+    let refused = target(relay::wal::tls::Verify::AuthorityAndName)
+        .open_bridge()
+        .await
+        .expect_err("verify-full checks the name too: refused");
+    assert!(
+        format!("{refused:#}").contains("certificate"),
+        "{refused:#}"
+    );
+}

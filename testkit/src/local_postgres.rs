@@ -40,13 +40,19 @@ impl PostgresServer {
     /// what a harness that crashes the server needs. (`fsync` stays off either way: the operating
     /// system does not crash here, and written WAL survives in its page cache.)
     pub fn start_with(durable: bool) -> anyhow::Result<Self> {
-        Self::start_configured(durable, false)
+        Self::start_configured(durable, None)
     }
 
     /// Like [`PostgresServer::start`], offering TLS too (plain connections are still accepted): a
     /// certificate for 127.0.0.1 and localhost signed by a throwaway CA, [`PostgresServer::ca`].
     pub fn start_with_tls() -> anyhow::Result<Self> {
-        Self::start_configured(false, true)
+        Self::start_configured(false, Some(crate::secure_nats::LOOPBACK_NAMES))
+    }
+
+    /// Like [`PostgresServer::start_with_tls`], with a certificate for `names` only (a
+    /// `subjectAltName` list: `DNS:localhost`, say) — to show that a client checks the name.
+    pub fn start_with_tls_for(names: &str) -> anyhow::Result<Self> {
+        Self::start_configured(false, Some(names))
     }
 
     /// The CA that signed the server's certificate, when it offers TLS.
@@ -54,7 +60,7 @@ impl PostgresServer {
         self.ca.as_deref()
     }
 
-    fn start_configured(durable: bool, tls: bool) -> anyhow::Result<Self> {
+    fn start_configured(durable: bool, tls: Option<&str>) -> anyhow::Result<Self> {
         let bindir = find_bindir().context(
             "PostgreSQL server binaries (initdb, postgres) were not found; install the Debian package \
              `postgresql` (or put its bin directory on PATH)",
@@ -65,10 +71,10 @@ impl PostgresServer {
             .tempdir()
             .context("creating the cluster's directory")?;
         let data = dir.path().join("data");
-        let ca = if tls {
+        let ca = if let Some(names) = tls {
             let certificates = dir.path().join("tls");
             std::fs::create_dir(&certificates)?;
-            let (ca, _, key) = crate::secure_nats::certificates(&certificates);
+            let (ca, _, key) = crate::secure_nats::certificates(&certificates, names);
             // PostgreSQL refuses a key others may read.
             std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
             Some(ca)

@@ -33,7 +33,7 @@ impl SecureNats {
             .prefix("waybill-tls-")
             .tempdir()
             .expect("temp dir");
-        let (ca, cert, key) = certificates(dir.path());
+        let (ca, cert, key) = certificates(dir.path(), LOOPBACK_NAMES);
         let shipped = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../deploy/nats/accounts.conf"
@@ -76,9 +76,13 @@ impl SecureNats {
     }
 }
 
-/// A self-signed CA and a server certificate for 127.0.0.1 and localhost, made with the openssl
-/// command in `dir`: the CA's, the server's and the server key's paths.
-pub(crate) fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+/// The names a test server's certificate carries unless a test asks for others.
+pub(crate) const LOOPBACK_NAMES: &str = "IP:127.0.0.1,DNS:localhost";
+
+/// A self-signed CA and a server certificate for `names` (a `subjectAltName` list, such as
+/// [`LOOPBACK_NAMES`]), made with the openssl command in `dir`: the CA's, the server's and the
+/// server key's paths.
+pub(crate) fn certificates(dir: &Path, names: &str) -> (PathBuf, PathBuf, PathBuf) {
     let run = |args: &[&str]| {
         let status = Command::new("openssl")
             .args(args)
@@ -115,11 +119,7 @@ pub(crate) fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
         "-out",
         "server.csr",
     ]);
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("ext");
+    std::fs::write(dir.join("san.ext"), format!("subjectAltName={names}\n")).expect("ext");
     run(&[
         "x509",
         "-req",
