@@ -177,7 +177,9 @@ struct RunArgs {
     #[arg(long, default_value_t = DEFAULTS.batch_size)]
     batch_size: i64,
 
-    /// Rows claimed per step at most, heads plus their following versions.
+    /// Rows claimed per step at most, heads plus their following versions (never fewer than
+    /// --batch-size). With `--source wal`, rows published per batch at most; a larger transaction
+    /// goes out in parts of this many rows (or 4 MiB of bodies) as it arrives.
     #[arg(long, default_value_t = DEFAULTS.max_rows)]
     max_rows: i64,
 

@@ -57,7 +57,7 @@ const UNSEEN_PAUSE: Duration = Duration::from_millis(1);
 /// The bodies' bytes at which an open transaction's rows read so far are handed out to be published.
 const PART_BYTES: usize = 4 << 20;
 /// Replication events the client reads ahead of the relay (a row, a Begin or a Commit each).
-const READ_AHEAD: usize = 1_024;
+const READ_AHEAD: usize = 256;
 /// How often the slot's lag is read into the metrics.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
@@ -291,6 +291,7 @@ impl Relay {
             .with_status_interval(Duration::from_secs(1))
             // Events read ahead while a batch is published: a few batches' worth keeps the stream
             // flowing, and the crate's default (8,192) held 43 MB of rows of 5 KB.
+            // It counts events, not bytes: rows of 256 KB make it 64 MB.
             .with_buffer_size(READ_AHEAD)
             // Named like the relay's other sessions: operators and the bench find its walsender.
             .with_application_name(format!(
@@ -316,6 +317,7 @@ impl Relay {
             open_bytes: 0,
             part_rows: usize::try_from(self.config().max_rows.max(1)).unwrap_or(usize::MAX),
             batch: Vec::new(),
+            batch_bytes: 0,
             drained_through,
             replay_skipped: 0,
             marking: None,
@@ -369,15 +371,14 @@ impl Relay {
             }
             // Publish when nothing more is waiting, or the batch is full; what arrives meanwhile
             // waits in the replication client's buffer.
-            let most = usize::try_from(self.config().max_rows).unwrap_or(usize::MAX);
-            let mut full = session.batch_rows() >= most;
+            let mut full = session.batch_full();
             while !full {
                 match client.recv().now_or_never() {
                     Some(Ok(Some(event))) => {
                         if let Err(error) = session.read(event) {
                             break 'session unreadable(error)?;
                         }
-                        full = session.batch_rows() >= most;
+                        full = session.batch_full();
                     }
                     Some(Ok(None)) | None => break,
                     Some(Err(error)) => {
@@ -483,14 +484,17 @@ struct Session<'a> {
     open_rows: Vec<ClaimedRow>,
     /// The bodies' bytes in `open_rows`.
     open_bytes: usize,
-    /// Rows of an open transaction handed to the batch at a time (`--max-rows`), or fewer once their
-    /// bodies reach [`PART_BYTES`]: a large transaction is published in parts as it arrives (the
-    /// server sends it only once committed), not held whole in memory.
+    /// Rows of an open transaction handed to the batch at a time, and rows of a batch at most
+    /// (`--max-rows`), or fewer once their bodies reach [`PART_BYTES`]: a large transaction is
+    /// published in parts as it arrives (the server sends it only once committed), not held whole
+    /// in memory.
     part_rows: usize,
     /// Rows read and not yet delivered — each transaction's, or each part of a large one's — with
     /// whether their transaction committed before the session's opening drain ended (a replay: its
     /// rows may be sent already).
     batch: Vec<(Ticket, Vec<ClaimedRow>, bool)>,
+    /// The bodies' bytes in `batch`.
+    batch_bytes: usize,
     /// The server's WAL position when the opening drain ended.
     drained_through: u64,
     /// Replayed rows found sent and not published again, this session.
@@ -521,8 +525,11 @@ struct Marked {
 }
 
 impl Session<'_> {
-    fn batch_rows(&self) -> usize {
-        self.batch.iter().map(|(_, rows, _)| rows.len()).sum()
+    /// Whether the batch is to be published now, more waiting or not: `--max-rows` rows, or
+    /// [`PART_BYTES`] of bodies (a few large rows).
+    fn batch_full(&self) -> bool {
+        let rows: usize = self.batch.iter().map(|(_, rows, _)| rows.len()).sum();
+        rows >= self.part_rows || self.batch_bytes >= PART_BYTES
     }
 
     /// Takes one replication event into the ledger and the batch.
@@ -591,7 +598,7 @@ impl Session<'_> {
             return;
         }
         let rows = std::mem::take(&mut self.open_rows);
-        self.open_bytes = 0;
+        self.batch_bytes += std::mem::take(&mut self.open_bytes);
         self.ledger.hand_out(ticket, rows.len());
         self.batch.push((ticket, rows, replayed));
     }
@@ -601,6 +608,7 @@ impl Session<'_> {
     /// row fails `max_attempts` times is handed over to polling with its unsent rows.
     async fn deliver(&mut self, summary: &mut RunSummary) -> anyhow::Result<()> {
         let batch = std::mem::take(&mut self.batch);
+        self.batch_bytes = 0;
         let sent = self.sent_already(&batch).await?;
         let mut tickets: HashMap<i64, Ticket> = HashMap::new();
         let mut chains: Vec<Vec<ClaimedRow>> = Vec::new();
