@@ -178,8 +178,8 @@ struct RunArgs {
     batch_size: i64,
 
     /// Rows claimed per step at most, heads plus their following versions (never fewer than
-    /// --batch-size). With `--source wal`, rows published per batch at most; a larger transaction
-    /// goes out in parts of this many rows (or 4 MiB of bodies) as it arrives.
+    /// --batch-size). With `--source wal`, the rows at which a batch is published; a larger
+    /// transaction goes out in parts of this many rows (or 4 MiB of bodies) as it arrives.
     #[arg(long, default_value_t = DEFAULTS.max_rows)]
     max_rows: i64,
 

@@ -1385,8 +1385,10 @@ async fn a_wal_relay_sweeps_sent_rows_past_the_retention_and_exports_the_outbox_
 
 /// Writes `aggregates` orders of three events each, interleaved (every order's v1, then every v2,
 /// ...), in ONE transaction, each event's payload padded with `pad` bytes: a bulk import, as one
-/// commit the server sends whole.
-async fn one_large_transaction(pool: &PgPool, aggregates: i32, pad: i32) {
+/// commit the server sends whole. Returns the WAL position just before its commit record: no
+/// position at or past it may be confirmed before all its rows are delivered.
+async fn one_large_transaction(pool: &PgPool, aggregates: i32, pad: i32) -> String {
+    let mut tx = pool.begin().await.expect("a transaction");
     sqlx::query(
         "WITH rows AS (
             SELECT gen_random_uuid() AS event_id, aggregate_id, v AS aggregate_version,
@@ -1414,9 +1416,15 @@ async fn one_large_transaction(pool: &PgPool, aggregates: i32, pad: i32) {
     )
     .bind(aggregates)
     .bind(pad)
-    .execute(pool)
+    .execute(&mut *tx)
     .await
     .expect("one large transaction");
+    let before_commit: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+        .fetch_one(&mut *tx)
+        .await
+        .expect("position");
+    tx.commit().await.expect("committed");
+    before_commit
 }
 
 /// The peak resident memory of a running process, in KiB.
@@ -1457,13 +1465,29 @@ async fn a_large_transaction_is_published_in_parts_with_memory_bounded_and_survi
     );
     // A second one, and the relay killed while it is half published: the next relay's drain and
     // its replay of the slot deliver the rest, once each and in order.
-    one_large_transaction(&world.pool, AGGREGATES, PAD).await;
+    let before_commit = one_large_transaction(&world.pool, AGGREGATES, PAD).await;
     wait_until(
         Duration::from_secs(180),
         "part of the second transaction relayed",
         || async { world.stream_messages().await >= rows + rows / 3 },
     )
     .await;
+    // Half published, and parts of it marked: the slot's position has not reached its commit.
+    let held: bool = sqlx::query_scalar(
+        "SELECT confirmed_flush_lsn <= $1::pg_lsn FROM pg_replication_slots
+         WHERE slot_name = 'waybill_outbox'",
+    )
+    .bind(&before_commit)
+    .fetch_one(&world.pool)
+    .await
+    .expect("the slot");
+    // (Read after the slot: rows still unsent then were unsent when the slot was read.)
+    let unsent = world.unsent().await;
+    assert!(
+        held || unsent == 0,
+        "the slot confirmed the commit of a transaction with {unsent} rows unsent\n{}",
+        world.log("first")
+    );
     sigkill(&mut first);
     let _ = first.wait().await;
     let mut second = world.relay("second");

@@ -5,7 +5,8 @@
 
 use std::collections::VecDeque;
 
-/// A committed transaction the relay read, by its place in the ledger.
+/// A transaction the relay read (from its Begin; it committed before the server sent it), by its
+/// place in the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket(u64);
 

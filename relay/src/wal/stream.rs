@@ -56,7 +56,8 @@ const UNSEEN_MARKS: u32 = 10;
 const UNSEEN_PAUSE: Duration = Duration::from_millis(1);
 /// The bodies' bytes at which an open transaction's rows read so far are handed out to be published.
 const PART_BYTES: usize = 4 << 20;
-/// Replication events the client reads ahead of the relay (a row, a Begin or a Commit each).
+/// Replication messages the client reads ahead of the relay: each row, Begin, Commit, relation and
+/// keepalive (of transactions without outbox rows too) is one.
 const READ_AHEAD: usize = 256;
 /// How often the slot's lag is read into the metrics.
 const LAG_EVERY: Duration = Duration::from_secs(5);
@@ -317,6 +318,7 @@ impl Relay {
             open_bytes: 0,
             part_rows: usize::try_from(self.config().max_rows.max(1)).unwrap_or(usize::MAX),
             batch: Vec::new(),
+            batch_rows: 0,
             batch_bytes: 0,
             drained_through,
             replay_skipped: 0,
@@ -340,7 +342,9 @@ impl Relay {
                 event = client.recv() => event,
                 marked = session.marked() => {
                     // Nothing new arrived before the last mark ended: confirm what it completed.
-                    session.settle(marked?);
+                    let marked = marked?;
+                    summary.marked_sent += marked.marked;
+                    session.settle(marked);
                     client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
                     continue;
                 }
@@ -484,16 +488,18 @@ struct Session<'a> {
     open_rows: Vec<ClaimedRow>,
     /// The bodies' bytes in `open_rows`.
     open_bytes: usize,
-    /// Rows of an open transaction handed to the batch at a time, and rows of a batch at most
-    /// (`--max-rows`), or fewer once their bodies reach [`PART_BYTES`]: a large transaction is
-    /// published in parts as it arrives (the server sends it only once committed), not held whole
-    /// in memory.
+    /// Rows of an open transaction handed to the batch at a time, and the rows at which a batch is
+    /// published (`--max-rows`), or fewer once their bodies reach [`PART_BYTES`]: a large
+    /// transaction is published in parts as it arrives (the server sends it only once committed),
+    /// not held whole in memory. A batch may hold up to twice as many: rows of small transactions,
+    /// then a part.
     part_rows: usize,
     /// Rows read and not yet delivered — each transaction's, or each part of a large one's — with
     /// whether their transaction committed before the session's opening drain ended (a replay: its
     /// rows may be sent already).
     batch: Vec<(Ticket, Vec<ClaimedRow>, bool)>,
-    /// The bodies' bytes in `batch`.
+    /// The rows in `batch`, and their bodies' bytes.
+    batch_rows: usize,
     batch_bytes: usize,
     /// The server's WAL position when the opening drain ended.
     drained_through: u64,
@@ -525,17 +531,22 @@ struct Marked {
 }
 
 impl Session<'_> {
-    /// Whether the batch is to be published now, more waiting or not: `--max-rows` rows, or
-    /// [`PART_BYTES`] of bodies (a few large rows).
+    /// Whether the batch is to be published now, more waiting or not: it holds `--max-rows` rows,
+    /// or [`PART_BYTES`] of bodies (a few large rows).
     fn batch_full(&self) -> bool {
-        let rows: usize = self.batch.iter().map(|(_, rows, _)| rows.len()).sum();
-        rows >= self.part_rows || self.batch_bytes >= PART_BYTES
+        self.batch_rows >= self.part_rows || self.batch_bytes >= PART_BYTES
     }
 
     /// Takes one replication event into the ledger and the batch.
     fn read(&mut self, event: ReplicationEvent) -> anyhow::Result<()> {
         match event {
             ReplicationEvent::Begin { final_lsn, .. } => {
+                // Never without streaming of in-progress transactions, which the relay does not ask
+                // for; the open one's ticket would hold the position back for good.
+                anyhow::ensure!(
+                    self.open.is_none(),
+                    "the server sent a Begin inside a transaction"
+                );
                 // `final_lsn` is where its commit record starts, before the commit's end that the
                 // position is confirmed at: a commit straddling the drain's end counts as replayed,
                 // which only costs a look at the outbox.
@@ -555,6 +566,10 @@ impl Session<'_> {
                     )?;
                     // Rows written as anything but pending (fixtures, restores) are not new events.
                     if let Some(insert) = insert.filter(|i| i.status == "pending") {
+                        anyhow::ensure!(
+                            self.open.is_some(),
+                            "the server sent an outbox row outside a transaction"
+                        );
                         self.open_bytes += insert.row.body.len();
                         self.open_rows.push(insert.row);
                         if self.open_rows.len() >= self.part_rows || self.open_bytes >= PART_BYTES {
@@ -599,6 +614,7 @@ impl Session<'_> {
         }
         let rows = std::mem::take(&mut self.open_rows);
         self.batch_bytes += std::mem::take(&mut self.open_bytes);
+        self.batch_rows += rows.len();
         self.ledger.hand_out(ticket, rows.len());
         self.batch.push((ticket, rows, replayed));
     }
@@ -609,6 +625,7 @@ impl Session<'_> {
     async fn deliver(&mut self, summary: &mut RunSummary) -> anyhow::Result<()> {
         let batch = std::mem::take(&mut self.batch);
         self.batch_bytes = 0;
+        self.batch_rows = 0;
         let sent = self.sent_already(&batch).await?;
         let mut tickets: HashMap<i64, Ticket> = HashMap::new();
         let mut chains: Vec<Vec<ClaimedRow>> = Vec::new();
