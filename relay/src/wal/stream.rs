@@ -57,7 +57,8 @@ const UNSEEN_PAUSE: Duration = Duration::from_millis(1);
 /// The bodies' bytes at which an open transaction's rows read so far are handed out to be published.
 const PART_BYTES: usize = 4 << 20;
 /// Replication messages the client reads ahead of the relay: each row, Begin, Commit, relation and
-/// keepalive (of transactions without outbox rows too) is one.
+/// keepalive (of transactions without outbox rows too) is one. Counted in messages, not bytes: rows
+/// of 256 KB make it 64 MB.
 const READ_AHEAD: usize = 256;
 /// How often the slot's lag is read into the metrics.
 const LAG_EVERY: Duration = Duration::from_secs(5);
@@ -290,9 +291,7 @@ impl Relay {
             .config
             .with_start_lsn(Lsn::from_u64(confirmed))
             .with_status_interval(Duration::from_secs(1))
-            // Events read ahead while a batch is published: a few batches' worth keeps the stream
-            // flowing, and the crate's default (8,192) held 43 MB of rows of 5 KB.
-            // It counts events, not bytes: rows of 256 KB make it 64 MB.
+            // The crate's default read-ahead (8,192) held 43 MB of rows of 5 KB.
             .with_buffer_size(READ_AHEAD)
             // Named like the relay's other sessions: operators and the bench find its walsender.
             .with_application_name(format!(
@@ -342,9 +341,7 @@ impl Relay {
                 event = client.recv() => event,
                 marked = session.marked() => {
                     // Nothing new arrived before the last mark ended: confirm what it completed.
-                    let marked = marked?;
-                    summary.marked_sent += marked.marked;
-                    session.settle(marked);
+                    session.settle(marked?, summary);
                     client.update_applied_lsn(Lsn::from_u64(session.ledger.confirmable()));
                     continue;
                 }
@@ -920,14 +917,15 @@ impl Session<'_> {
     async fn finish_mark(&mut self, summary: &mut RunSummary) -> anyhow::Result<()> {
         if self.marking.is_some() {
             let marked = self.marked().await?;
-            summary.marked_sent += marked.marked;
-            self.settle(marked);
+            self.settle(marked, summary);
         }
         Ok(())
     }
 
-    /// Counts a mark's rows done; one its statement never saw goes to polling with its aggregate.
-    fn settle(&mut self, marked: Marked) {
+    /// Counts a mark's rows done (and in the summary); one its statement never saw goes to polling
+    /// with its aggregate.
+    fn settle(&mut self, marked: Marked, summary: &mut RunSummary) {
+        summary.marked_sent += marked.marked;
         for ticket in marked.seen {
             self.ledger.done(ticket, 1);
         }
