@@ -183,6 +183,12 @@ struct RunArgs {
     #[arg(long, default_value_t = DEFAULTS.max_rows)]
     max_rows: i64,
 
+    /// Bytes of message bodies claimed per step at most (the row that crosses it is still taken,
+    /// so a step always takes one): bounds each lane's memory when rows are large. Rows of
+    /// the usual size never reach it.
+    #[arg(long, default_value_t = DEFAULTS.max_claim_bytes, value_name = "BYTES")]
+    max_claim_bytes: i64,
+
     /// Publishes awaiting their PubAck at once.
     #[arg(long, default_value_t = DEFAULTS.max_in_flight)]
     max_in_flight: usize,
@@ -466,6 +472,7 @@ async fn relay_run(
         stream,
         batch_size: args.batch_size.max(1),
         max_rows: args.max_rows.max(args.batch_size),
+        max_claim_bytes: args.max_claim_bytes.max(1),
         max_in_flight: args.max_in_flight.max(1),
         lanes: args.lanes.max(1),
         max_attempts: args.max_attempts.max(1),

@@ -44,6 +44,9 @@ pub struct RelayConfig {
     pub batch_size: i64,
     /// Rows claimed per step at most, heads plus their following versions.
     pub max_rows: i64,
+    /// Bytes of message bodies a step takes at most (the row that crosses it is taken; a step takes
+    /// at least one row): what one lane holds in memory however large the rows are.
+    pub max_claim_bytes: i64,
     /// Publishes awaiting their PubAck at once.
     pub max_in_flight: usize,
     /// Failed publishes before a row is dead.
@@ -93,6 +96,7 @@ impl Default for RelayConfig {
             stream: StreamSettings::default(),
             batch_size: 1000,
             max_rows: 4000,
+            max_claim_bytes: 16 * 1024 * 1024,
             max_in_flight: 4096,
             max_attempts: 12,
             backoff: Backoff::default(),

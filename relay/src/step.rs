@@ -77,17 +77,25 @@ pub async fn step(
     let deadline = started + config.effective_step_deadline();
     let mut tx = claim::begin(pool).await.map_err(StepError::Claim)?;
     let claimed_at = Utc::now();
-    let rows = claim(&mut tx, config.batch_size, config.max_rows, lane)
-        .await
-        .map_err(StepError::Claim)?;
+    let rows = claim(
+        &mut tx,
+        config.batch_size,
+        config.max_rows,
+        config.max_claim_bytes,
+        lane,
+    )
+    .await
+    .map_err(StepError::Claim)?;
     if rows.is_empty() {
         return Ok(StepReport::default());
     }
     let claimed = rows.len();
+    let claimed_bytes = rows.iter().map(|row| row.body.len()).sum();
     let lock_time = started.elapsed();
     let (runs, left_out) = into_runs(rows);
     let mut report = StepReport {
         claimed,
+        claimed_bytes,
         heads: runs.len(),
         not_attempted: left_out,
         ..StepReport::default()

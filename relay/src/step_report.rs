@@ -10,6 +10,8 @@ use crate::config::RelayConfig;
 pub struct StepReport {
     /// Rows claimed (locked).
     pub claimed: usize,
+    /// Bytes of message bodies among them.
+    pub claimed_bytes: usize,
     /// Aggregate heads among them.
     pub heads: usize,
     /// Rows JetStream acknowledged (including duplicates).
@@ -45,6 +47,8 @@ impl StepReport {
     /// True when the claim was as large as allowed: more rows are probably waiting.
     pub fn was_full(&self, config: &RelayConfig) -> bool {
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        count(self.heads) >= config.batch_size || count(self.claimed) >= config.max_rows
+        count(self.heads) >= config.batch_size
+            || count(self.claimed) >= config.max_rows
+            || count(self.claimed_bytes) >= config.max_claim_bytes
     }
 }

@@ -748,7 +748,7 @@ async fn a_claim_gives_every_head_an_equal_share_of_its_followers(pool: PgPool) 
         .await
         .expect("show");
     assert_eq!(sort, "off");
-    let rows = relay::claim::claim(&mut tx, 4, 8, None)
+    let rows = relay::claim::claim(&mut tx, 4, 8, i64::MAX, None)
         .await
         .expect("claim");
     let (runs, left_out) = relay::claim::into_runs(rows);
@@ -779,12 +779,12 @@ async fn lanes_claim_disjoint_aggregates_even_when_one_claim_could_take_them_all
         ids.dedup();
         ids
     };
-    let all = relay::claim::claim(&mut first, 100, 100, None)
+    let all = relay::claim::claim(&mut first, 100, 100, i64::MAX, None)
         .await
         .expect("claim");
     assert_eq!(aggregates(&all).len(), 8);
     assert!(
-        relay::claim::claim(&mut second, 100, 100, None)
+        relay::claim::claim(&mut second, 100, 100, i64::MAX, None)
             .await
             .expect("claim")
             .is_empty(),
@@ -797,7 +797,7 @@ async fn lanes_claim_disjoint_aggregates_even_when_one_claim_could_take_them_all
     let mut claimed = Vec::new();
     for lane in 0..2 {
         let mut tx = relay::claim::begin(&pool).await.expect("begin");
-        let rows = relay::claim::claim(&mut tx, 100, 100, Some((lane, 2)))
+        let rows = relay::claim::claim(&mut tx, 100, 100, i64::MAX, Some((lane, 2)))
             .await
             .expect("claim");
         // Each aggregate whole (head and follower), in one lane only.
@@ -820,17 +820,90 @@ async fn a_lane_count_past_postgresqls_int_is_refused_and_claims_nothing(pool: P
     // u32::MAX lanes as an int was -1: modulo -1 put every aggregate in lane 0.
     seed(&pool, 2, 1).await;
     let mut tx = relay::claim::begin(&pool).await.expect("begin");
-    let refused = relay::claim::claim(&mut tx, 100, 100, Some((0, u32::MAX))).await;
+    let refused = relay::claim::claim(&mut tx, 100, 100, i64::MAX, Some((0, u32::MAX))).await;
     assert!(
         matches!(refused, Err(sqlx::Error::Encode(_))),
         "{refused:?}"
     );
     // Nothing was locked: another claim takes both heads.
     let mut other = relay::claim::begin(&pool).await.expect("begin");
-    let rows = relay::claim::claim(&mut other, 100, 100, None)
+    let rows = relay::claim::claim(&mut other, 100, 100, i64::MAX, None)
         .await
         .expect("claim");
     assert_eq!(rows.len(), 2);
     other.rollback().await.expect("rollback");
     tx.rollback().await.expect("rollback");
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_claim_stops_at_its_byte_budget_and_keeps_each_aggregate_a_prefix(pool: PgPool) {
+    // Four orders of three unsent versions, each body padded to about 100 kB (trailing blanks keep it
+    // the same JSON). Counted in rows alone, a claim takes all twelve, whatever their size.
+    seed(&pool, 4, 3).await;
+    sqlx::query("UPDATE outbox SET body = body || repeat(' ', 100000)")
+        .execute(&pool)
+        .await
+        .expect("padded");
+    let heads_bytes: i64 = sqlx::query_scalar(
+        "SELECT sum(octet_length(body))::int8 FROM outbox WHERE aggregate_version = 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("heads' size");
+    let shape = |rows: Vec<relay::claim::ClaimedRow>| {
+        let (runs, left_out) = relay::claim::into_runs(rows);
+        assert_eq!(left_out, 0);
+        runs.iter()
+            .map(|run| (run[0].id, run.iter().map(|r| r.aggregate_version).collect()))
+            .collect::<Vec<(i64, Vec<i64>)>>()
+    };
+
+    // Room for the four heads and one more row: the oldest head's first follower, not any later
+    // version, and no row of the second wave beyond it.
+    let mut tx = relay::claim::begin(&pool).await.expect("begin");
+    let mut runs = shape(
+        relay::claim::claim(&mut tx, 100, 100, heads_bytes + 1, None)
+            .await
+            .expect("claim"),
+    );
+    runs.sort();
+    let versions: Vec<Vec<i64>> = runs.into_iter().map(|(_, v)| v).collect();
+    assert_eq!(versions, vec![vec![1, 2], vec![1], vec![1], vec![1]]);
+    tx.rollback().await.expect("rollback");
+
+    // A budget smaller than one body still takes one row, the oldest head.
+    let mut tx = relay::claim::begin(&pool).await.expect("begin");
+    let rows = relay::claim::claim(&mut tx, 100, 100, 1, None)
+        .await
+        .expect("claim");
+    let oldest: i64 = sqlx::query_scalar("SELECT min(id) FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("oldest");
+    assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), vec![oldest]);
+    tx.rollback().await.expect("rollback");
+
+    // A relay with a budget of about three bodies a step delivers everything, in order, each step
+    // within the budget plus the row that crosses it and reporting itself full while rows wait.
+    let h = Harness::new(pool).await;
+    let mut config = h.config("relay-a");
+    config.max_claim_bytes = 250_000;
+    let budget = usize::try_from(config.max_claim_bytes).expect("a budget");
+    let relay = h.relay(config.clone()).await;
+    let mut steps = 0;
+    loop {
+        let report = relay.step().await.expect("a step");
+        if report.claimed == 0 {
+            break;
+        }
+        steps += 1;
+        assert!(report.claimed_bytes < budget + 101_000, "{report:?}");
+        assert!(report.claimed <= 3, "{report:?}");
+        assert_eq!(report.was_full(&config), report.claimed == 3, "{report:?}");
+        assert!(steps <= 12, "a step per row at least");
+    }
+    assert_eq!(testkit::outbox_counts(&h.pool).await.get("sent"), Some(&12));
+    let check = testkit::check_stream(&h.stream().await, PREFIX);
+    assert_eq!(check.messages, 12);
+    assert!(check.holds(), "{check:?}");
 }
