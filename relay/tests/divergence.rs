@@ -368,3 +368,73 @@ async fn a_stream_the_server_splits_keeps_the_fence_the_divergence_check_and_ver
         "{refused}"
     );
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_wal_mark_leaves_a_row_that_a_repair_rewound_after_its_publish_unsent(pool: PgPool) {
+    // Two orders' first versions published as a relay reading the WAL publishes them (no claim),
+    // their PubAcks in hand and their mark not yet run.
+    let h = Harness::new(pool).await;
+    let relay = h.relay(h.config("relay-a")).await;
+    let mut published = Vec::new();
+    for customer in ["alice", "bob"] {
+        let order = testkit::place_order(&h.store, customer, &["MUG:1:100"]).await;
+        let (id, event_id, body): (i64, uuid::Uuid, String) = sqlx::query_as(
+            "SELECT id, event_id, body FROM outbox WHERE aggregate_id = $1 AND aggregate_version = 1",
+        )
+        .bind(order.as_uuid())
+        .fetch_one(&h.pool)
+        .await
+        .expect("the row");
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", event_id.to_string().as_str());
+        let ack = h
+            .jetstream
+            .publish_with_headers(
+                format!("{PREFIX}.order.{}", order.as_uuid()),
+                headers,
+                body.into(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("PubAck");
+        published.push((order, id, i64::try_from(ack.sequence).expect("a sequence")));
+    }
+    // Meanwhile an operator repairs alice's order: her message is deleted from the stream and her row
+    // set pending again, as `outbox repair --apply` does for versions after the agreeing ones.
+    let (alice, alice_row, alice_seq) = published[0];
+    let (bob, bob_row, bob_seq) = published[1];
+    let stream = h
+        .jetstream
+        .get_stream(common::STREAM)
+        .await
+        .expect("stream");
+    stream
+        .delete_message(u64::try_from(alice_seq).expect("a sequence"))
+        .await
+        .expect("deleted");
+    let mut tx = h.pool.begin().await.expect("begin");
+    store::outbox::relaying::rewind_after(&mut tx, alice.as_uuid(), 0)
+        .await
+        .expect("rewound");
+    tx.commit().await.expect("commit");
+
+    // The mark runs now: bob's row is sent, alice's is left to polling — marked, it would name a
+    // message the stream no longer holds.
+    let marked = store::outbox::relaying::mark_delivered(
+        &h.pool,
+        "relay-wal",
+        &[alice_row, bob_row],
+        &[alice_seq, bob_seq],
+    )
+    .await
+    .expect("mark");
+    assert_eq!((marked.marked, marked.unseen.len()), (1, 0), "{marked:?}");
+    assert_eq!(row_state(&h.pool, bob, 1).await.0, "sent");
+    assert_eq!(row_state(&h.pool, alice, 1).await.0, "pending");
+    // And polling does not take the deleted copy for the row either: JetStream still remembers its
+    // id, and a duplicate of a message the stream lacks is a divergence, not a delivery.
+    let report = relay.step().await.expect("a step");
+    assert_eq!((report.marked_sent, report.divergences), (0, 1), "{report:?}");
+    assert_ne!(row_state(&h.pool, alice, 1).await.0, "sent");
+}

@@ -493,8 +493,13 @@ pub struct MarkedDelivered {
 
 /// Marks rows a relay reading the WAL delivered (`ids[i]` stored at stream sequence `seqs[i]`) as
 /// sent: one statement for a whole batch, by primary key, outside any claim — the WAL relay locks
-/// nothing before publishing. A row already sent is left as it is (a polling relay got there first);
-/// a row another relay has claimed is waited for, then marked (its publish was deduplicated). Returns
+/// nothing before publishing. A row already sent is left as it is (a polling relay got there first).
+/// So is a row someone acted on since it was written, which `last_error` says: a polling relay's
+/// failed publish, or a repair that deleted its message from the stream and set it pending again
+/// between this relay's publish and this mark — marked sent, it would claim a message the stream no
+/// longer holds. Polling settles such a row against the stream (a duplicate of a deleted message is a
+/// divergence, retried until the dedupe window has passed). A row another relay has claimed is
+/// waited for, then judged the same way. Returns
 /// the rows marked, and those not visible yet (see [`MarkedDelivered::unseen`]), which the caller
 /// must mark again: the statement's one snapshot decides both, so a row is in exactly one of "marked
 /// or already sent" and "unseen".
@@ -512,7 +517,7 @@ pub async fn mark_delivered(
                  attempts = o.attempts + 1, last_error = NULL, divergence = NULL, claimed_by = $3,
                  claimed_at = clock_timestamp()
              FROM delivered u
-             WHERE o.id = u.id AND o.status <> 'sent'
+             WHERE o.id = u.id AND o.status <> 'sent' AND o.last_error IS NULL
              RETURNING o.id
          )
          SELECT (SELECT count(*) FROM marked),
