@@ -113,15 +113,7 @@ async fn missing_version(pool: PgPool, window: Option<Duration>) {
     let before = h.stream().await;
     // Version 2 goes from the stream (deleted by hand), and the store's marks of 2 and 3 are lost
     // (a backup taken before them).
-    let stream = h
-        .jetstream
-        .get_stream(common::STREAM)
-        .await
-        .expect("stream");
-    stream
-        .delete_message(before[1].sequence)
-        .await
-        .expect("delete v2");
+    h.delete_message(before[1].sequence).await;
     sqlx::query(
         "UPDATE outbox SET status = 'pending', stream_seq = NULL, sent_at = NULL
          WHERE aggregate_version > 1",
@@ -404,15 +396,8 @@ async fn a_wal_mark_leaves_a_row_that_a_repair_rewound_after_its_publish_unsent(
     // set pending again, as `outbox repair --apply` does for versions after the agreeing ones.
     let (alice, alice_row, alice_seq) = published[0];
     let (bob, bob_row, bob_seq) = published[1];
-    let stream = h
-        .jetstream
-        .get_stream(common::STREAM)
-        .await
-        .expect("stream");
-    stream
-        .delete_message(u64::try_from(alice_seq).expect("a sequence"))
-        .await
-        .expect("deleted");
+    h.delete_message(u64::try_from(alice_seq).expect("a sequence"))
+        .await;
     let mut tx = h.pool.begin().await.expect("begin");
     store::outbox::relaying::rewind_after(&mut tx, alice.as_uuid(), 0)
         .await
@@ -435,6 +420,10 @@ async fn a_wal_mark_leaves_a_row_that_a_repair_rewound_after_its_publish_unsent(
     // And polling does not take the deleted copy for the row either: JetStream still remembers its
     // id, and a duplicate of a message the stream lacks is a divergence, not a delivery.
     let report = relay.step().await.expect("a step");
-    assert_eq!((report.marked_sent, report.divergences), (0, 1), "{report:?}");
+    assert_eq!(
+        (report.marked_sent, report.divergences),
+        (0, 1),
+        "{report:?}"
+    );
     assert_ne!(row_state(&h.pool, alice, 1).await.0, "sent");
 }

@@ -73,6 +73,17 @@ impl Harness {
         testkit::stream_events(&self.jetstream, STREAM).await
     }
 
+    /// Deletes the message at `sequence` from the stream, as an operator (or a repair) would.
+    pub(crate) async fn delete_message(&self, sequence: u64) {
+        self.jetstream
+            .get_stream(STREAM)
+            .await
+            .expect("stream")
+            .delete_message(sequence)
+            .await
+            .expect("message deleted");
+    }
+
     /// Waits until the stream holds at least `count` messages.
     pub(crate) async fn wait_for_messages(&self, count: u64) {
         let js = self.jetstream.clone();
