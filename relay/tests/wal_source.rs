@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
 use sqlx::PgPool;
@@ -1387,7 +1387,12 @@ async fn a_wal_relay_sweeps_sent_rows_past_the_retention_and_exports_the_outbox_
 /// ...), in ONE transaction, each event's payload padded with `pad` bytes: a bulk import, as one
 /// commit the server sends whole. Returns the WAL position just before its commit record: no
 /// position at or past it may be confirmed before all its rows are delivered.
-async fn one_large_transaction(pool: &PgPool, aggregates: i32, pad: i32) -> String {
+async fn one_large_transaction(
+    pool: &PgPool,
+    aggregates: i32,
+    pad: i32,
+    open_for: Duration,
+) -> String {
     let mut tx = pool.begin().await.expect("a transaction");
     sqlx::query(
         "WITH rows AS (
@@ -1419,6 +1424,8 @@ async fn one_large_transaction(pool: &PgPool, aggregates: i32, pad: i32) -> Stri
     .execute(&mut *tx)
     .await
     .expect("one large transaction");
+    // Its rows' `next_run_at` is the transaction's start.
+    tokio::time::sleep(open_for).await;
     let before_commit: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
         .fetch_one(&mut *tx)
         .await
@@ -1447,7 +1454,7 @@ async fn a_large_transaction_is_published_in_parts_with_memory_bounded_and_survi
     world.until_the_slot_is_read_and_everything_sent().await;
     let idle = peak_rss_kib(&first);
     // 12,000 rows of about 12 KB: 144 MB of outbox bodies in one commit.
-    one_large_transaction(&world.pool, AGGREGATES, PAD).await;
+    one_large_transaction(&world.pool, AGGREGATES, PAD, Duration::ZERO).await;
     let rows = 3 * u64::try_from(AGGREGATES).expect("positive");
     wait_until(
         Duration::from_secs(180),
@@ -1465,7 +1472,7 @@ async fn a_large_transaction_is_published_in_parts_with_memory_bounded_and_survi
     );
     // A second one, and the relay killed while it is half published: the next relay's drain and
     // its replay of the slot deliver the rest, once each and in order.
-    let before_commit = one_large_transaction(&world.pool, AGGREGATES, PAD).await;
+    let before_commit = one_large_transaction(&world.pool, AGGREGATES, PAD, Duration::ZERO).await;
     wait_until(
         Duration::from_secs(180),
         "part of the second transaction relayed",
@@ -1496,6 +1503,29 @@ async fn a_large_transaction_is_published_in_parts_with_memory_bounded_and_survi
         .await;
     until_the_slot_confirms_the_end_of_the_wal(&world).await;
     sigkill(&mut second);
+}
+
+#[tokio::test]
+async fn a_bulk_import_open_longer_than_the_overdue_threshold_is_delivered_by_the_stream_alone() {
+    // 12,000 rows of about 12 KB in a transaction open 11 s: every row looks overdue (due for more
+    // than 10 s, unsent) the moment it commits, and stays so until the stream has delivered and
+    // marked it — about 10 s for a transaction this size, here. A polling pass in that time claimed
+    // and published the same rows beside the stream (against the relay built before the put-off,
+    // this test failed so in both of two runs).
+    let world = World::new().await;
+    let mut relay = world.relay("wal");
+    world.until_the_slot_is_read_and_everything_sent().await;
+    let started = Instant::now();
+    one_large_transaction(&world.pool, 4_000, 12_000, Duration::from_secs(11)).await;
+    let committed = started.elapsed();
+    world.everything_delivered_once_in_order(&["wal"]).await;
+    let log = world.log("wal");
+    assert!(
+        !log.contains("a polling pass delivers it"),
+        "a polling pass ran beside the stream (committed {committed:?} and delivered {:?} after the transaction began)\n{log}",
+        started.elapsed()
+    );
+    sigkill(&mut relay);
 }
 
 #[tokio::test]

@@ -44,6 +44,17 @@ pub struct WalSource {
 const FENCES_KEPT: usize = 200_000;
 /// How often aggregates handed over to polling are drained and looked at again.
 const HANDOVER_EVERY: Duration = Duration::from_secs(5);
+/// While the stream is delivering rows (a transaction being read, a mark running), the look for
+/// overdue rows, and the polling pass it starts, are put off by this much at a time, for at most
+/// [`PASS_PUT_OFF_AT_MOST`] in all. The rows being delivered are committed and due: the rows of a
+/// bulk import open longer than [`crate::config::UNDELIVERED_AFTER`] look overdue the moment it
+/// commits, and a pass would claim and publish them beside the stream (the dedupe absorbed the
+/// copies), with the stream waiting for the pass meanwhile. The bound keeps a steadily busy stream
+/// from putting the pass off for good: rows made due by an update (a repair, a replayed dead row)
+/// are in no replication message, and only a pass delivers them. Aggregates handed over to polling
+/// are not put off.
+const PASS_PUT_OFF_BY: Duration = Duration::from_secs(1);
+const PASS_PUT_OFF_AT_MOST: Duration = Duration::from_secs(30);
 /// Publishes of an aggregate's row in the stream before polling takes the aggregate over (while the
 /// broker is connected; while it is not, the stream waits for it).
 const IN_STREAM_ATTEMPTS: i32 = 2;
@@ -325,6 +336,8 @@ impl Relay {
             stopping: stopping.clone(),
         };
         let mut last_handover = Instant::now();
+        // When the pass now put off first came due.
+        let mut put_off_since: Option<Instant> = None;
         let ended = 'session: loop {
             // Checked first: a stop that came while no `stop.notified()` was waiting (the timer's
             // pass below runs without one) must not wait for the next replication message.
@@ -346,6 +359,19 @@ impl Relay {
                     continue;
                 }
                 () = tokio::time::sleep_until(hand_back_at) => {
+                    // Aggregates handed over wait for no one; a look for overdue rows waits
+                    // while the stream is delivering (see `PASS_PUT_OFF_BY`).
+                    let put_off_for = put_off_since.get_or_insert_with(Instant::now).elapsed();
+                    if session.handed_over.is_empty()
+                        && session.delivering()
+                        && put_off_for < PASS_PUT_OFF_AT_MOST
+                    {
+                        last_handover = Instant::now()
+                            .checked_sub(HANDOVER_EVERY - PASS_PUT_OFF_BY)
+                            .unwrap_or_else(Instant::now);
+                        continue;
+                    }
+                    put_off_since = None;
                     if session.handed_over.is_empty() && !undelivered_heads(self.pool()).await {
                         last_handover = Instant::now();
                         continue;
@@ -911,6 +937,13 @@ impl Session<'_> {
         let outcome = task.await;
         self.marking = None;
         outcome?
+    }
+
+    /// Whether rows read from the stream are on their way: a transaction is being read (its parts
+    /// published as they arrive), or a mark runs. (Between replication messages, the batch has
+    /// always been published.)
+    fn delivering(&self) -> bool {
+        self.open.is_some() || self.marking.is_some()
     }
 
     /// Waits for the running mark, if any, and counts what it did.
