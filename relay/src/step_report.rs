@@ -8,7 +8,8 @@ use crate::config::RelayConfig;
 /// What one step did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct StepReport {
-    /// Rows claimed (locked).
+    /// Rows claimed: locked, and within the claim's bytes (heads past them stay locked until the
+    /// step ends, unclaimed).
     pub claimed: usize,
     /// Bytes of message bodies among them.
     pub claimed_bytes: usize,

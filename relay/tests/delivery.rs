@@ -907,3 +907,72 @@ async fn a_claim_stops_at_its_byte_budget_and_keeps_each_aggregate_a_prefix(pool
     assert_eq!(check.messages, 12);
     assert!(check.holds(), "{check:?}");
 }
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_row_updated_while_a_claim_runs_is_claimed_with_its_body(pool: PgPool) {
+    // A claim that takes a while: 200,000 due rows of one order stand first in due order, none of
+    // them a head (the order's first version is dead), so the claim walks past them all.
+    let filler = uuid::Uuid::now_v7();
+    sqlx::query(
+        "WITH ev AS (
+            INSERT INTO events (event_id, event_type, event_version, aggregate_type, aggregate_id,
+                                aggregate_version, occurred_at, payload)
+            SELECT gen_random_uuid(), 'order.paid', 1, 'order', $1, v, now(), '{}'::jsonb
+            FROM generate_series(1, 200001) v
+            RETURNING event_id, aggregate_version
+        )
+        INSERT INTO outbox (event_id, event_type, event_version, aggregate_id, aggregate_version, body,
+                            status, next_run_at)
+        SELECT event_id, 'order.paid', 1, $1, aggregate_version, '{}',
+               CASE WHEN aggregate_version = 1 THEN 'dead' ELSE 'pending' END,
+               now() - interval '1 hour'
+        FROM ev",
+    )
+    .bind(filler)
+    .execute(&pool)
+    .await
+    .expect("filler");
+    sqlx::query("ANALYZE outbox")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    let h = Harness::new(pool).await;
+    let order = testkit::place_order(&h.store, "alice", &["MUG:1:100"]).await;
+    let body: String = sqlx::query_scalar("SELECT body FROM outbox WHERE aggregate_id = $1")
+        .bind(order.as_uuid())
+        .fetch_one(&h.pool)
+        .await
+        .expect("the order's body");
+    let claim = |pool: PgPool| async move {
+        let mut tx = relay::claim::begin(&pool).await.expect("begin");
+        let rows = relay::claim::claim(&mut tx, 1000, 4000, i64::MAX, None).await;
+        tx.rollback().await.expect("rollback");
+        rows
+    };
+    let started = std::time::Instant::now();
+    assert_eq!(claim(h.pool.clone()).await.expect("a claim").len(), 1);
+    let takes = started.elapsed();
+
+    // The order's row is updated (as a repair's rewind updates it) by a transaction that commits
+    // after the claim took its snapshot and before the claim reaches the row: the claim locks the
+    // row's newest version, which its snapshot does not see. Where the claim still finds the row
+    // locked it skips it, so the update's commit is moved until the claim has taken the row.
+    for attempt in 1..=8u32 {
+        let mut update = h.pool.begin().await.expect("begin");
+        store::outbox::relaying::rewind_after(&mut update, order.as_uuid(), 0)
+            .await
+            .expect("updated");
+        let claiming = tokio::spawn(claim(h.pool.clone()));
+        tokio::time::sleep(takes * attempt / 10).await;
+        update.commit().await.expect("commit");
+        let rows = claiming
+            .await
+            .expect("the claim's task")
+            .expect("a claim that met a row updated under it");
+        if let Some(row) = rows.iter().find(|r| r.aggregate_id == order.as_uuid()) {
+            assert_eq!(row.body, bytes::Bytes::from(body), "attempt {attempt}");
+            return;
+        }
+    }
+    panic!("the claim never met the update's commit (a claim takes {takes:?})");
+}

@@ -104,7 +104,11 @@ pub async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>
 /// other relays skip them as they skip any claimed row; their followers are not read at all. The
 /// counting is done on rows without their bodies, which are read last, by `ctid`, for the rows kept
 /// only: carrying the bodies through the counting's sorts cost a 2,000-row claim ~6 ms more than
-/// before it, this way ~1–2 ms (`EXPLAIN ANALYZE`, medians of 25).
+/// before it, this way ~1–2 ms (`EXPLAIN ANALYZE`, medians of 25). A row updated by a transaction
+/// that committed while the claim ran is locked in its newest version, which the statement's
+/// snapshot does not see at that `ctid` (a review found the body read back NULL, failing the whole
+/// claim); its body is then read by `id`, in the version the snapshot sees — the same bytes, as
+/// nothing updates a body.
 ///
 /// The plan is pinned for the claim's transaction, which [`begin`] opens (`SET LOCAL`): walk
 /// `outbox_due_idx` in order and probe each candidate's predecessor, stopping at `batch_size`
@@ -200,7 +204,8 @@ pub async fn claim(
         )
         SELECT b.id, b.attempts, b.created_at, b.traceparent, b.event_id, b.event_type,
                b.event_version, b.aggregate_type, b.aggregate_id, b.aggregate_version,
-               (SELECT o.body FROM outbox o WHERE o.ctid = b.tid) AS body,
+               coalesce((SELECT o.body FROM outbox o WHERE o.ctid = b.tid),
+                        (SELECT o.body FROM outbox o WHERE o.id = b.id)) AS body,
                b.previous_sequence, b.tid::text AS tid
         FROM budgeted b
         ORDER BY b.aggregate_id, b.aggregate_version",
