@@ -92,7 +92,7 @@ pub async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>
 /// status test is written `NOT IN ('sent', 'dead')` (the same rows, by the column's check) so that the
 /// planner cannot use the partial `outbox_due_idx` for this per-aggregate scan.
 ///
-/// Both parts return their columns directly, without a second lookup, but for the bodies (below).
+/// Both parts return their columns directly: no second lookup.
 ///
 /// Bodies: the rows returned are cut at `max_bytes` of bodies (`octet_length`, which a TOASTed body
 /// answers without being read), counted wave by wave — every head oldest first, then every head's
@@ -102,13 +102,12 @@ pub async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Postgres>
 /// 256 KB bodies would hold a gigabyte in the relay. Heads past the budget are still locked (locking
 /// and counting cannot be one step: `FOR UPDATE` takes no window function), so until the step ends
 /// other relays skip them as they skip any claimed row; their followers are not read at all. The
-/// counting is done on rows without their bodies, which are read last, by `ctid`, for the rows kept
-/// only: carrying the bodies through the counting's sorts cost a 2,000-row claim ~6 ms more than
-/// before it, this way ~1–2 ms (`EXPLAIN ANALYZE`, medians of 25). A row updated by a transaction
-/// that committed while the claim ran is locked in its newest version, which the statement's
-/// snapshot does not see at that `ctid` (a review found the body read back NULL, failing the whole
-/// claim); its body is then read by `id`, in the version the snapshot sees — the same bytes, as
-/// nothing updates a body.
+/// counting runs only when the rows exceed the budget: a sum decides, and the counting branch sits
+/// behind a one-time filter that PostgreSQL does not execute otherwise. Counting every claim cost a
+/// claim of 2,000 rows of 362 bytes about 5 ms (16–17 ms before, 21 ms after, pgbench with the
+/// relay's generic plans, three runs each) and the relay about 10 µs of CPU per event in `waybill
+/// bench`; with the sums alone, under 1 ms (medians of six runs: 20.1 against 19.2 ms), and the
+/// bench's figures within the spread of the relay before (docs/decisions/relay-claims.md).
 ///
 /// The plan is pinned for the claim's transaction, which [`begin`] opens (`SET LOCAL`): walk
 /// `outbox_due_idx` in order and probe each candidate's predecessor, stopping at `batch_size`
@@ -139,9 +138,9 @@ pub async fn claim(
     sqlx::query_as(
         "WITH heads AS (
             SELECT o.id, o.attempts, o.created_at, o.traceparent, o.event_id, o.event_type,
-                   o.event_version, o.aggregate_type, o.aggregate_id, o.aggregate_version,
+                   o.event_version, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.body,
                    CASE WHEN o.aggregate_version = 1 THEN 0 ELSE p.stream_seq END AS previous_sequence,
-                   o.ctid AS tid, o.next_run_at AS due, octet_length(o.body) AS size
+                   o.ctid::text AS tid, o.next_run_at AS due, octet_length(o.body) AS size
             FROM outbox o
             LEFT JOIN outbox p
                    ON p.aggregate_id = o.aggregate_id AND p.aggregate_version = o.aggregate_version - 1
@@ -155,25 +154,33 @@ pub async fn claim(
             LIMIT $1
             FOR UPDATE OF o SKIP LOCKED
         ),
-        kept AS (
-            SELECT * FROM (
-                SELECT h.*, row_number() OVER oldest AS rank,
-                       sum(h.size) OVER oldest - h.size AS before
+        heads_bytes AS (
+            SELECT coalesce(sum(size), 0) AS total FROM heads
+        ),
+        kept AS NOT MATERIALIZED (
+            SELECT * FROM heads WHERE (SELECT total FROM heads_bytes) <= $3
+            UNION ALL
+            SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
+                   aggregate_type, aggregate_id, aggregate_version, body, previous_sequence, tid,
+                   due, size
+            FROM (
+                SELECT h.*, sum(h.size) OVER (ORDER BY h.due, h.id ROWS UNBOUNDED PRECEDING)
+                            - h.size AS before
                 FROM heads h
-                WINDOW oldest AS (ORDER BY h.due, h.id ROWS UNBOUNDED PRECEDING)
-            ) ranked
-            WHERE before < $3
+            ) counted
+            WHERE before < $3 AND (SELECT total FROM heads_bytes) > $3
         ),
         share AS (
             SELECT greatest(($2 - count(*)) / greatest(count(*), 1), 0) AS per_head FROM kept
         ),
         followers AS (
-            SELECT f.*, k.rank, f.aggregate_version - k.aggregate_version AS wave
+            SELECT f.*, k.due, k.id AS head, f.aggregate_version - k.aggregate_version AS wave
             FROM kept k
             CROSS JOIN LATERAL (
                 SELECT f.id, f.attempts, f.created_at, f.traceparent, f.event_id, f.event_type,
-                       f.event_version, f.aggregate_type, f.aggregate_id, f.aggregate_version,
-                       NULL::int8 AS previous_sequence, f.ctid AS tid, octet_length(f.body) AS size
+                       f.event_version, f.aggregate_type, f.aggregate_id, f.aggregate_version, f.body,
+                       NULL::int8 AS previous_sequence, f.ctid::text AS tid,
+                       octet_length(f.body) AS size
                 FROM outbox f
                 WHERE f.aggregate_id = k.aggregate_id
                   AND f.aggregate_version > k.aggregate_version
@@ -183,32 +190,39 @@ pub async fn claim(
                 FOR UPDATE OF f SKIP LOCKED
             ) f
         ),
-        budgeted AS (
-            SELECT * FROM (
-                SELECT c.*, sum(c.size) OVER (ORDER BY c.wave, c.rank ROWS UNBOUNDED PRECEDING)
-                            - c.size AS before
-                FROM (
-                    SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
-                           aggregate_type, aggregate_id, aggregate_version, previous_sequence, tid,
-                           size, rank, 0::int8 AS wave
-                    FROM kept
-                    UNION ALL
-                    SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
-                           aggregate_type, aggregate_id, aggregate_version, previous_sequence, tid,
-                           size, rank, wave
-                    FROM followers
-                ) c
-            ) counted
-            WHERE before < $3
-            ORDER BY aggregate_id, aggregate_version
+        all_bytes AS (
+            SELECT (SELECT coalesce(sum(size), 0) FROM kept)
+                   + (SELECT coalesce(sum(size), 0) FROM followers) AS total
         )
-        SELECT b.id, b.attempts, b.created_at, b.traceparent, b.event_id, b.event_type,
-               b.event_version, b.aggregate_type, b.aggregate_id, b.aggregate_version,
-               coalesce((SELECT o.body FROM outbox o WHERE o.ctid = b.tid),
-                        (SELECT o.body FROM outbox o WHERE o.id = b.id)) AS body,
-               b.previous_sequence, b.tid::text AS tid
-        FROM budgeted b
-        ORDER BY b.aggregate_id, b.aggregate_version",
+        SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
+               aggregate_type, aggregate_id, aggregate_version, body, previous_sequence, tid
+        FROM kept
+        WHERE (SELECT total FROM all_bytes) <= $3
+        UNION ALL
+        SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
+               aggregate_type, aggregate_id, aggregate_version, body, previous_sequence, tid
+        FROM followers
+        WHERE (SELECT total FROM all_bytes) <= $3
+        UNION ALL
+        SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
+               aggregate_type, aggregate_id, aggregate_version, body, previous_sequence, tid
+        FROM (
+            SELECT c.*, sum(c.size) OVER (ORDER BY c.wave, c.due, c.head ROWS UNBOUNDED PRECEDING)
+                        - c.size AS before
+            FROM (
+                SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
+                       aggregate_type, aggregate_id, aggregate_version, body, previous_sequence,
+                       tid, size, due, id AS head, 0::int8 AS wave
+                FROM kept
+                UNION ALL
+                SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
+                       aggregate_type, aggregate_id, aggregate_version, body, previous_sequence,
+                       tid, size, due, head, wave
+                FROM followers
+            ) c
+        ) counted
+        WHERE before < $3 AND (SELECT total FROM all_bytes) > $3
+        ORDER BY aggregate_id, aggregate_version",
     )
     .bind(batch_size)
     .bind(max_rows)
