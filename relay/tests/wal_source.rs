@@ -19,6 +19,11 @@ const RELAY: &str = env!("CARGO_BIN_EXE_waybill-relay");
 const STREAM: &str = "WAL_EVENTS";
 const PREFIX: &str = "wal.events";
 
+/// Taken by the tests that write a transaction of 144 MB, and by the one that counts polling passes
+/// against the clock: run beside such a transaction on two cores, that one's passes came late (one
+/// failure in a full run), and the two large ones are not run beside each other either.
+static HEAVY_OR_TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct World {
     // Dropped last: the servers outlive the relays and pools.
     pool: PgPool,
@@ -520,6 +525,7 @@ async fn limit_subjects(nats_url: &str, limit: Option<i64>) {
 
 #[tokio::test]
 async fn an_aggregate_handed_to_polling_is_retried_on_schedule_while_the_outbox_is_idle() {
+    let _alone = HEAVY_OR_TIMED.lock().await;
     let world = World::new().await;
     // The server's default: on an idle stream a server asks for a reply (a keepalive, which the relay
     // sees) only when half of this has passed without one. The private server's 10 s (a command-line
@@ -1447,6 +1453,7 @@ fn peak_rss_kib(child: &Child) -> u64 {
 
 #[tokio::test]
 async fn a_large_transaction_is_published_in_parts_with_memory_bounded_and_survives_a_sigkill() {
+    let _alone = HEAVY_OR_TIMED.lock().await;
     const AGGREGATES: i32 = 4_000;
     const PAD: i32 = 12_000;
     let world = World::new().await;
@@ -1507,6 +1514,7 @@ async fn a_large_transaction_is_published_in_parts_with_memory_bounded_and_survi
 
 #[tokio::test]
 async fn a_bulk_import_open_longer_than_the_overdue_threshold_is_delivered_by_the_stream_alone() {
+    let _alone = HEAVY_OR_TIMED.lock().await;
     // 12,000 rows of about 12 KB in a transaction open 11 s: every row looks overdue (due for more
     // than 10 s, unsent) the moment it commits, and stays so until the stream has delivered and
     // marked it — about 10 s for a transaction this size, here. A polling pass in that time claimed
