@@ -174,13 +174,13 @@ pub async fn claim(
             SELECT greatest(($2 - count(*)) / greatest(count(*), 1), 0) AS per_head FROM kept
         ),
         followers AS (
-            SELECT f.*, k.due, k.id AS head, f.aggregate_version - k.aggregate_version AS wave
+            SELECT f.*, k.due, octet_length(f.body) AS size, k.id AS head,
+                   f.aggregate_version - k.aggregate_version AS wave
             FROM kept k
             CROSS JOIN LATERAL (
                 SELECT f.id, f.attempts, f.created_at, f.traceparent, f.event_id, f.event_type,
                        f.event_version, f.aggregate_type, f.aggregate_id, f.aggregate_version, f.body,
-                       NULL::int8 AS previous_sequence, f.ctid::text AS tid,
-                       octet_length(f.body) AS size
+                       NULL::int8 AS previous_sequence, f.ctid::text AS tid
                 FROM outbox f
                 WHERE f.aggregate_id = k.aggregate_id
                   AND f.aggregate_version > k.aggregate_version
@@ -190,18 +190,17 @@ pub async fn claim(
                 FOR UPDATE OF f SKIP LOCKED
             ) f
         ),
+        chains AS NOT MATERIALIZED (
+            SELECT *, id AS head, 0::int8 AS wave FROM kept
+            UNION ALL
+            SELECT * FROM followers
+        ),
         all_bytes AS (
-            SELECT (SELECT coalesce(sum(size), 0) FROM kept)
-                   + (SELECT coalesce(sum(size), 0) FROM followers) AS total
+            SELECT coalesce(sum(size), 0) AS total FROM chains
         )
         SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
                aggregate_type, aggregate_id, aggregate_version, body, previous_sequence, tid
-        FROM kept
-        WHERE (SELECT total FROM all_bytes) <= $3
-        UNION ALL
-        SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
-               aggregate_type, aggregate_id, aggregate_version, body, previous_sequence, tid
-        FROM followers
+        FROM chains
         WHERE (SELECT total FROM all_bytes) <= $3
         UNION ALL
         SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
@@ -209,17 +208,7 @@ pub async fn claim(
         FROM (
             SELECT c.*, sum(c.size) OVER (ORDER BY c.wave, c.due, c.head ROWS UNBOUNDED PRECEDING)
                         - c.size AS before
-            FROM (
-                SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
-                       aggregate_type, aggregate_id, aggregate_version, body, previous_sequence,
-                       tid, size, due, id AS head, 0::int8 AS wave
-                FROM kept
-                UNION ALL
-                SELECT id, attempts, created_at, traceparent, event_id, event_type, event_version,
-                       aggregate_type, aggregate_id, aggregate_version, body, previous_sequence,
-                       tid, size, due, head, wave
-                FROM followers
-            ) c
+            FROM chains c
         ) counted
         WHERE before < $3 AND (SELECT total FROM all_bytes) > $3
         ORDER BY aggregate_id, aggregate_version",
