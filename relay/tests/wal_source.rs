@@ -31,7 +31,7 @@ struct World {
     url: String,
     nats_url: String,
     logs: tempfile::TempDir,
-    _nats: NatsServer,
+    nats: NatsServer,
     _postgres: PostgresServer,
 }
 
@@ -42,7 +42,11 @@ impl World {
 
     /// A world on `postgres`.
     async fn on(postgres: PostgresServer) -> Self {
-        let nats = NatsServer::start().expect("private nats-server");
+        Self::on_with(postgres, NatsServer::start().expect("private nats-server")).await
+    }
+
+    /// A world on `postgres` and `nats`.
+    async fn on_with(postgres: PostgresServer, nats: NatsServer) -> Self {
         let url = postgres.url("shop");
         ops::database::ensure_database(&url)
             .await
@@ -59,7 +63,7 @@ impl World {
             url,
             nats_url: nats.url(),
             logs: tempfile::tempdir().expect("log directory"),
-            _nats: nats,
+            nats,
             _postgres: postgres,
         }
     }
@@ -1399,14 +1403,26 @@ async fn one_large_transaction(
     pad: i32,
     open_for: Duration,
 ) -> String {
+    one_large_transaction_padded(pool, aggregates, pad, pad, open_for).await
+}
+
+/// [`one_large_transaction`] with the first order's first event padded with `first_pad` bytes.
+async fn one_large_transaction_padded(
+    pool: &PgPool,
+    aggregates: i32,
+    pad: i32,
+    first_pad: i32,
+    open_for: Duration,
+) -> String {
     let mut tx = pool.begin().await.expect("a transaction");
     sqlx::query(
         "WITH rows AS (
             SELECT gen_random_uuid() AS event_id, aggregate_id, v AS aggregate_version,
                    (ARRAY['order.placed', 'order.paid', 'order.shipped'])[v] AS event_type,
-                   jsonb_build_object('pad', repeat('x', $2)) AS payload
+                   jsonb_build_object('pad', repeat('x', CASE WHEN n = 1 AND v = 1 THEN $3 ELSE $2 END))
+                       AS payload
             FROM generate_series(1, 3) v,
-                 (SELECT gen_random_uuid() AS aggregate_id FROM generate_series(1, $1)) a
+                 (SELECT gen_random_uuid() AS aggregate_id, n FROM generate_series(1, $1) n) a
             ORDER BY v, aggregate_id
         ),
         ev AS (
@@ -1427,6 +1443,7 @@ async fn one_large_transaction(
     )
     .bind(aggregates)
     .bind(pad)
+    .bind(first_pad)
     .execute(&mut *tx)
     .await
     .expect("one large transaction");
@@ -1533,6 +1550,72 @@ async fn a_bulk_import_open_longer_than_the_overdue_threshold_is_delivered_by_th
         "a polling pass ran beside the stream (committed {committed:?} and delivered {:?} after the transaction began)\n{log}",
         started.elapsed()
     );
+    sigkill(&mut relay);
+}
+
+#[tokio::test]
+async fn a_row_the_broker_refuses_inside_a_large_transaction_goes_dead_through_polling_and_the_rest_flows()
+ {
+    // One body over the server's `max_payload` among 1,500 rows of one commit: the stream tries it,
+    // hands its order to polling, and polling parks it dead with the broker's reason; the order's
+    // later versions wait behind it, every other row is delivered and marked, and the slot moves
+    // past the commit (a refused row must not hold the WAL back).
+    let nats = NatsServer::start_with_config("max_payload: 65536\n").expect("nats-server");
+    let postgres = PostgresServer::start().expect("private PostgreSQL");
+    let mut world = World::on_with(postgres, nats).await;
+    let mut relay = world.relay("wal");
+    world.until_the_slot_is_read_and_everything_sent().await;
+    one_large_transaction_padded(&world.pool, 500, 200, 100_000, Duration::ZERO).await;
+    let big: uuid::Uuid =
+        sqlx::query_scalar("SELECT aggregate_id FROM outbox WHERE octet_length(body) > 65536")
+            .fetch_one(&world.pool)
+            .await
+            .expect("the oversized row");
+    let by_status = || async {
+        sqlx::query_as::<_, (String, i64)>(
+            "SELECT status, count(*) FROM outbox GROUP BY status ORDER BY status",
+        )
+        .fetch_all(&world.pool)
+        .await
+        .expect("counts")
+    };
+    let parked = vec![
+        ("dead".to_owned(), 1),
+        ("pending".to_owned(), 2),
+        ("sent".to_owned(), 1_497),
+    ];
+    wait_until(
+        Duration::from_secs(90),
+        "the refused row dead, its order's later versions pending, the rest sent",
+        || async { by_status().await == parked },
+    )
+    .await;
+    let (version, reason): (i64, String) =
+        sqlx::query_as("SELECT aggregate_version, dead_reason FROM outbox WHERE status = 'dead'")
+            .fetch_one(&world.pool)
+            .await
+            .expect("the dead row");
+    assert_eq!(version, 1);
+    assert!(reason.contains("payload"), "dead for {reason:?}");
+    assert_eq!(world.stream_messages().await, 1_497);
+    let client = async_nats::connect(&world.nats_url).await.expect("NATS");
+    let stored = testkit::stream_events(&async_nats::jetstream::new(client), STREAM).await;
+    assert!(
+        testkit::versions_by_aggregate(&stored).get(&big).is_none(),
+        "a later version of the refused order overtook it"
+    );
+    until_the_slot_confirms_the_end_of_the_wal(&world).await;
+
+    // The limit raised and the dead row replayed: the order follows, once each and in order.
+    world.nats.stop();
+    world.nats.set_config("max_payload: 1048576\n");
+    world.nats.resume().expect("NATS back");
+    let replayed =
+        store::outbox::admin::replay_dead(&world.pool, &store::outbox::admin::ReplayTarget::All)
+            .await
+            .expect("replay");
+    assert_eq!(replayed, 1);
+    world.everything_delivered_once_in_order(&["wal"]).await;
     sigkill(&mut relay);
 }
 
