@@ -1554,6 +1554,32 @@ async fn a_bulk_import_open_longer_than_the_overdue_threshold_is_delivered_by_th
 }
 
 #[tokio::test]
+async fn a_polling_standby_leaves_a_bulk_import_to_the_wal_relay_delivering_it() {
+    let _alone = HEAVY_OR_TIMED.lock().await;
+    // The import's 12,000 rows look overdue the moment it commits (open 11 s, the threshold is
+    // 10 s), and the WAL relay takes about 10 s here to decode and deliver it: a standby that takes
+    // overdue rows for a stuck reader claims and publishes them beside it.
+    let world = World::new().await;
+    let (mut wal, mut polling) = world.wal_relay_and_a_polling_standby(5).await;
+    one_large_transaction(&world.pool, 4_000, 12_000, Duration::from_secs(11)).await;
+    world
+        .everything_delivered_once_in_order(&["wal", "polling"])
+        .await;
+    let log = world.log("polling");
+    assert!(
+        log.contains("is given time to deliver them"),
+        "the standby never saw the import's rows overdue: the test did not test\n{log}"
+    );
+    assert!(
+        !log.contains("claiming beside it"),
+        "the standby claimed beside the WAL relay delivering the import\n{log}"
+    );
+    assert_eq!(world.sent_by("polling").await, 0, "{log}");
+    sigkill(&mut wal);
+    sigkill(&mut polling);
+}
+
+#[tokio::test]
 async fn a_row_the_broker_refuses_inside_a_large_transaction_goes_dead_through_polling_and_the_rest_flows()
  {
     // One body over the server's `max_payload` among 1,500 rows of one commit: the stream tries it,

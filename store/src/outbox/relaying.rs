@@ -543,6 +543,28 @@ pub async fn mark_delivered(
     })
 }
 
+/// Whether a relay other than `relay_id` marked a row sent within the last `within`: evidence that
+/// the WAL relay reading the slot is delivering, however overdue its rows look — the rows of a bulk
+/// import are due from their transaction's start, so they look overdue the moment it commits, while
+/// that relay publishes and marks them part by part. Uses retention's index on `sent_at`.
+pub async fn marked_by_another_within(
+    pool: &PgPool,
+    relay_id: &str,
+    within: Duration,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (
+            SELECT 1 FROM outbox
+            WHERE status = 'sent' AND sent_at > now() - $1 * interval '1 second'
+              AND claimed_by IS DISTINCT FROM $2
+        )",
+    )
+    .bind(within.as_secs_f64())
+    .bind(relay_id)
+    .fetch_one(pool)
+    .await
+}
+
 /// The process id of the session reading the logical replication slot `slot` of this database, if
 /// one does.
 pub async fn slot_reader(pool: &PgPool, slot: &str) -> sqlx::Result<Option<i32>> {
