@@ -1203,11 +1203,12 @@ async fn the_replication_session_is_encrypted_and_checked_as_the_url_says() {
         port,
         verify,
         roots,
+        identity: None,
     };
     let refused = target(
         port,
         relay::wal::tls::Verify::Authority,
-        Some(relay::wal::tls::Roots::File(stranger.path().join("ca.pem"))),
+        Some(relay::wal::tls::Pem::File(stranger.path().join("ca.pem"))),
     )
     .open_bridge()
     .await
@@ -1646,6 +1647,46 @@ async fn a_row_the_broker_refuses_inside_a_large_transaction_goes_dead_through_p
 }
 
 #[tokio::test]
+async fn a_role_that_logs_in_with_a_client_certificate_reads_the_slot_presenting_it() {
+    // The server lets a TCP session in, a replication one too, only over TLS with a client
+    // certificate that names the role (`pg_hba.conf`'s `cert`); the URL names the certificate and
+    // its key. Before, the WAL source refused such a URL: its replication session presented none.
+    let postgres = PostgresServer::start_requiring_client_certificates()
+        .expect("private PostgreSQL requiring client certificates");
+    let without = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=require",
+        postgres.port()
+    );
+    let world = World::on(postgres).await;
+    // The server does ask: TLS without a certificate is turned away.
+    let refused = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&without)
+        .await
+        .expect_err("no certificate, no session");
+    assert!(refused.to_string().contains("certificate"), "{refused}");
+    write(&world.store, 2, 30).await;
+    let mut relay = world.relay("cert");
+    world.until_the_slot_is_read_and_everything_sent().await;
+    // Written while it streams: these come from the slot, over the session the certificate opened.
+    write(&world.store, 2, 30).await;
+    world.everything_delivered_once_in_order(&["cert"]).await;
+    let sessions: Vec<(bool, Option<String>)> = sqlx::query_as(
+        "SELECT s.ssl, s.client_dn FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid)",
+    )
+    .fetch_all(&world.pool)
+    .await
+    .expect("the replication sessions");
+    assert_eq!(
+        sessions,
+        vec![(true, Some("/CN=postgres".to_owned()))],
+        "{}",
+        world.log("cert")
+    );
+    sigkill(&mut relay);
+}
+
+#[tokio::test]
 async fn verify_full_refuses_a_certificate_for_another_name_that_verify_ca_accepts() {
     // The server's certificate, signed by the CA the relay trusts, names localhost only; the relay
     // reaches it at 127.0.0.1.
@@ -1656,7 +1697,8 @@ async fn verify_full_refuses_a_certificate_for_another_name_that_verify_ca_accep
         host: "127.0.0.1".to_owned(),
         port: postgres.port(),
         verify,
-        roots: Some(relay::wal::tls::Roots::File(ca.clone())),
+        roots: Some(relay::wal::tls::Pem::File(ca.clone())),
+        identity: None,
     };
     let bridge = target(relay::wal::tls::Verify::Authority)
         .open_bridge()

@@ -24,6 +24,9 @@ pub struct PostgresServer {
     durable: bool,
     /// Offers TLS with a certificate signed by this throwaway CA (in `dir`).
     ca: Option<PathBuf>,
+    /// Logs in over TCP only with a client certificate signed by that CA: this one (for `postgres`)
+    /// and its key.
+    client: Option<(PathBuf, PathBuf)>,
     child: Option<Child>,
 }
 
@@ -40,19 +43,27 @@ impl PostgresServer {
     /// what a harness that crashes the server needs. (`fsync` stays off either way: the operating
     /// system does not crash here, and written WAL survives in its page cache.)
     pub fn start_with(durable: bool) -> anyhow::Result<Self> {
-        Self::start_configured(durable, None)
+        Self::start_configured(durable, None, false)
     }
 
     /// Like [`PostgresServer::start`], offering TLS too (plain connections are still accepted): a
     /// certificate for 127.0.0.1 and localhost signed by a throwaway CA, [`PostgresServer::ca`].
     pub fn start_with_tls() -> anyhow::Result<Self> {
-        Self::start_configured(false, Some(crate::secure_nats::LOOPBACK_NAMES))
+        Self::start_configured(false, Some(crate::secure_nats::LOOPBACK_NAMES), false)
+    }
+
+    /// Like [`PostgresServer::start_with_tls`], logging in over TCP (replication sessions too) only
+    /// with TLS and a client certificate signed by the same CA whose name is the role's
+    /// (`pg_hba.conf`'s `cert` method); its Unix socket still trusts everyone. [`PostgresServer::url`]
+    /// then names the certificate made for `postgres`, its key and the CA, with `verify-full`.
+    pub fn start_requiring_client_certificates() -> anyhow::Result<Self> {
+        Self::start_configured(false, Some(crate::secure_nats::LOOPBACK_NAMES), true)
     }
 
     /// Like [`PostgresServer::start_with_tls`], with a certificate for `names` only (a
     /// `subjectAltName` list: `DNS:localhost`, say) — to show that a client checks the name.
     pub fn start_with_tls_for(names: &str) -> anyhow::Result<Self> {
-        Self::start_configured(false, Some(names))
+        Self::start_configured(false, Some(names), false)
     }
 
     /// The CA that signed the server's certificate, when it offers TLS.
@@ -60,7 +71,11 @@ impl PostgresServer {
         self.ca.as_deref()
     }
 
-    fn start_configured(durable: bool, tls: Option<&str>) -> anyhow::Result<Self> {
+    fn start_configured(
+        durable: bool,
+        tls: Option<&str>,
+        require_client_certificates: bool,
+    ) -> anyhow::Result<Self> {
         let bindir = find_bindir().context(
             "PostgreSQL server binaries (initdb, postgres) were not found; install the Debian package \
              `postgresql` (or put its bin directory on PATH)",
@@ -71,15 +86,17 @@ impl PostgresServer {
             .tempdir()
             .context("creating the cluster's directory")?;
         let data = dir.path().join("data");
-        let ca = if let Some(names) = tls {
+        let (ca, client) = if let Some(names) = tls {
             let certificates = dir.path().join("tls");
             std::fs::create_dir(&certificates)?;
             let (ca, _, key) = crate::secure_nats::certificates(&certificates, names);
             // PostgreSQL refuses a key others may read.
             std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-            Some(ca)
+            let client = require_client_certificates
+                .then(|| crate::secure_nats::client_certificate(&certificates, "postgres"));
+            (Some(ca), client)
         } else {
-            None
+            (None, None)
         };
         // initdb and postgres run as the `postgres` user when we are root: it must own the directory.
         if running_as_root() {
@@ -104,12 +121,23 @@ impl PostgresServer {
         if !init.status.success() {
             bail!("initdb failed: {}", String::from_utf8_lossy(&init.stderr));
         }
+        if client.is_some() {
+            // Rewritten in place: the file keeps the owner initdb gave it.
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\n\
+                 hostssl all all 127.0.0.1/32 cert\n\
+                 hostssl replication all 127.0.0.1/32 cert\n",
+            )
+            .context("writing pg_hba.conf")?;
+        }
         let mut server = Self {
             port,
             dir,
             bindir,
             durable,
             ca,
+            client,
             child: None,
         };
         server.resume()?;
@@ -184,6 +212,16 @@ impl PostgresServer {
                     ),
                 ]
             }))
+            // Client certificates are checked against the CA that signed the server's.
+            .args(self.client.iter().flat_map(|_| {
+                [
+                    "-c".to_owned(),
+                    format!(
+                        "ssl_ca_file={}",
+                        self.dir.path().join("tls").join("ca.pem").display()
+                    ),
+                ]
+            }))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -235,9 +273,19 @@ impl PostgresServer {
         }
     }
 
-    /// `postgres://postgres@127.0.0.1:PORT/DATABASE`.
+    /// `postgres://postgres@127.0.0.1:PORT/DATABASE`; on a server that requires client certificates,
+    /// with `sslmode=verify-full` and the CA's, the certificate's and the key's paths.
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+        let url = format!("postgres://postgres@127.0.0.1:{}/{database}", self.port);
+        match (&self.ca, &self.client) {
+            (Some(ca), Some((certificate, key))) => format!(
+                "{url}?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+                ca.display(),
+                certificate.display(),
+                key.display()
+            ),
+            _ => url,
+        }
     }
 
     /// The port it listens on.

@@ -79,19 +79,61 @@ impl SecureNats {
 /// The names a test server's certificate carries unless a test asks for others.
 pub(crate) const LOOPBACK_NAMES: &str = "IP:127.0.0.1,DNS:localhost";
 
+/// Runs the openssl command with `args` in `dir`, and panics if it fails.
+fn openssl(dir: &Path, args: &[&str]) {
+    let status = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl runs");
+    assert!(status.success(), "openssl {args:?}");
+}
+
+/// A client certificate whose name (CN) is `user`, signed by the CA [`certificates`] made in `dir`:
+/// the certificate's and its key's paths.
+pub(crate) fn client_certificate(dir: &Path, user: &str) -> (PathBuf, PathBuf) {
+    let run = |args: &[&str]| openssl(dir, args);
+    let subject = format!("/CN={user}");
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").expect("ext");
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        &subject,
+        "-keyout",
+        "client-key.pem",
+        "-out",
+        "client.csr",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca-key.pem",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        // An extension makes it an X.509 v3 certificate, the only version webpki accepts.
+        "-extfile",
+        "client.ext",
+        "-out",
+        "client.pem",
+    ]);
+    (dir.join("client.pem"), dir.join("client-key.pem"))
+}
+
 /// A self-signed CA and a server certificate for `names` (a `subjectAltName` list, such as
 /// [`LOOPBACK_NAMES`]), made with the openssl command in `dir`: the CA's, the server's and the
 /// server key's paths.
 pub(crate) fn certificates(dir: &Path, names: &str) -> (PathBuf, PathBuf, PathBuf) {
-    let run = |args: &[&str]| {
-        let status = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("openssl runs");
-        assert!(status.success(), "openssl {args:?}");
-    };
+    let run = |args: &[&str]| openssl(dir, args);
     run(&[
         "req",
         "-x509",

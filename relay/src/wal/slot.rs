@@ -7,7 +7,7 @@ use sqlx::ConnectOptions as _;
 use sqlx::PgPool;
 use sqlx::postgres::PgSslMode;
 
-use super::tls::{Roots, TlsTarget, Verify};
+use super::tls::{Identity, Pem, TlsTarget, Verify};
 
 /// The slot the WAL relay reads unless told otherwise.
 pub const DEFAULT_SLOT: &str = "waybill_outbox";
@@ -66,8 +66,9 @@ impl Replication {
 
 /// A replication session's settings from the relay's `DATABASE_URL`, read as the relay's other
 /// sessions read it. `sslmode=require`, `verify-ca` and `verify-full` get TLS checked as for those
-/// sessions (`sslrootcert`, or the public authorities); `prefer` and `allow` stay in plain text, as
-/// before; a client certificate is refused rather than left out.
+/// sessions (`sslrootcert`, or the public authorities), and present the client certificate of
+/// `sslcert` and `sslkey` when the URL names one; `prefer` and `allow` stay in plain text, as
+/// before.
 pub fn replication_config(
     database_url: &str,
     slot: &str,
@@ -126,22 +127,31 @@ pub fn replication_config(
                     .find(|(k, _)| k == key)
                     .map(|(_, v)| v.into_owned())
             };
-            if setting("sslcert").is_some() || setting("sslkey").is_some() {
-                return Err(ops::Refused::new(
-                    "sslcert/sslkey: the WAL relay's replication session presents no client \
-                     certificate yet (docs/decisions/relay-wal.md); log its role in with a \
-                     password, or use --source poll",
-                ));
-            }
-            let roots = setting("sslrootcert").map(|value| match value.strip_prefix("file: ") {
-                Some(path) => Roots::File(path.into()),
-                None => Roots::Pem(value),
-            });
+            // sqlx shows a file as `file: <path>`, PEM text as itself.
+            let pem = |key: &str| {
+                setting(key).map(|value| match value.strip_prefix("file: ") {
+                    Some(path) => Pem::File(path.into()),
+                    None => Pem::Text(value),
+                })
+            };
+            let identity = match (pem("sslcert"), pem("sslkey")) {
+                (None, None) => None,
+                (Some(certificate), Some(key)) => Some(Identity { certificate, key }),
+                // sqlx would connect without a certificate; a server that asks for one refuses
+                // that with less to go on.
+                _ => {
+                    return Err(ops::Refused::new(
+                        "sslcert and sslkey go together: the client certificate needs its key, \
+                         and the key its certificate",
+                    ));
+                }
+            };
             Some(TlsTarget {
                 host: host.clone(),
                 port,
                 verify,
-                roots,
+                roots: pem("sslrootcert"),
+                identity,
             })
         }
     };
@@ -736,6 +746,7 @@ mod tests {
                 port: 5433,
                 verify,
                 roots,
+                identity: None,
             })
         };
         assert_eq!(
@@ -744,7 +755,7 @@ mod tests {
         );
         assert_eq!(
             tls("postgres://relay:pw@db:5433/shop?sslmode=verify-ca&sslrootcert=/etc/ca.pem"),
-            target(Verify::Authority, Some(Roots::File("/etc/ca.pem".into())))
+            target(Verify::Authority, Some(Pem::File("/etc/ca.pem".into())))
         );
         assert_eq!(
             tls("postgres://relay:pw@db:5433/shop?ssl-mode=verify-full"),
@@ -757,15 +768,25 @@ mod tests {
                 None
             );
         }
-        // A client certificate the session would not present is refused, not left out.
-        let refused = replication_config(
-            "postgres://relay@db/shop?sslmode=verify-full&sslcert=/c.pem&sslkey=/k.pem",
-            "s",
-            "p",
-        )
-        .expect_err("refused")
-        .to_string();
-        assert!(refused.contains("client certificate"), "{refused}");
+        // A client certificate is presented with its key; one without the other is refused.
+        assert_eq!(
+            tls("postgres://relay@db/shop?sslmode=verify-full&sslcert=/c.pem&sslkey=/k.pem")
+                .and_then(|target| target.identity),
+            Some(Identity {
+                certificate: Pem::File("/c.pem".into()),
+                key: Pem::File("/k.pem".into()),
+            })
+        );
+        for half in ["sslcert=/c.pem", "sslkey=/k.pem"] {
+            let refused = replication_config(
+                &format!("postgres://relay@db/shop?sslmode=require&{half}"),
+                "s",
+                "p",
+            )
+            .expect_err("refused")
+            .to_string();
+            assert!(refused.contains("go together"), "{refused}");
+        }
     }
 
     #[test]

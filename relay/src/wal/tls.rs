@@ -1,6 +1,7 @@
 //! TLS on the replication session. The replication crate's own TLS stack brings a crypto provider
 //! this project bans, so the relay opens the TLS session itself — with the rustls and ring that sqlx
-//! and async-nats already use, the certificate checked as `sslmode` says — and lends the crate a
+//! and async-nats already use, the certificate checked as `sslmode` says, and the client certificate
+//! of `sslcert`/`sslkey` presented when the URL has one — and lends the crate a
 //! Unix socket, in a directory only the relay's user may enter, whose bytes it carries over that
 //! session.
 
@@ -14,7 +15,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
@@ -32,12 +33,20 @@ pub enum Verify {
     AuthorityAndName,
 }
 
-/// The certificate authorities `sslrootcert` names (a file, or the PEM text itself as sqlx accepts
-/// from `PGSSLROOTCERT`). Without it, the public authorities, as sqlx trusts them.
+/// Certificates or a key as the URL gives them: a file, or the PEM text itself (as sqlx accepts
+/// from `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Roots {
+pub enum Pem {
     File(PathBuf),
-    Pem(String),
+    Text(String),
+}
+
+/// The client certificate the session presents (`sslcert`, its chain) and its key (`sslkey`), for a
+/// server whose `pg_hba.conf` asks for one (`cert`, or `clientcert=verify-full`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub certificate: Pem,
+    pub key: Pem,
 }
 
 /// Where the replication session's TLS goes and how the server is checked.
@@ -46,7 +55,10 @@ pub struct TlsTarget {
     pub host: String,
     pub port: u16,
     pub verify: Verify,
-    pub roots: Option<Roots>,
+    /// The certificate authorities `sslrootcert` names. Without it, the public authorities, as sqlx
+    /// trusts them.
+    pub roots: Option<Pem>,
+    pub identity: Option<Identity>,
 }
 
 /// PostgreSQL's SSLRequest: the length 8, then the code 80877103.
@@ -148,11 +160,20 @@ impl TlsTarget {
                 }
             }
         };
-        let mut config = ClientConfig::builder_with_provider(provider)
+        let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .dangerous()
-            .with_custom_certificate_verifier(verifier)
-            .with_no_client_auth();
+            .with_custom_certificate_verifier(verifier);
+        let mut config = match &self.identity {
+            None => builder.with_no_client_auth(),
+            Some(identity) => {
+                let (chain, key) = identity.load()?;
+                // rustls checks here that the key is the certificate's.
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .context("sslcert and sslkey")?
+            }
+        };
         // What libpq offers since PostgreSQL 17; older servers ignore it.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
         Ok(config)
@@ -160,23 +181,51 @@ impl TlsTarget {
 
     fn root_store(&self) -> anyhow::Result<RootCertStore> {
         let mut store = RootCertStore::empty();
-        let certificates: Vec<CertificateDer<'static>> = match &self.roots {
-            None => {
-                store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-                return Ok(store);
-            }
-            Some(Roots::File(path)) => CertificateDer::pem_file_iter(path)
-                .and_then(|certificates| certificates.collect())
-                .with_context(|| format!("sslrootcert {}", path.display()))?,
-            Some(Roots::Pem(text)) => CertificateDer::pem_slice_iter(text.as_bytes())
-                .collect::<Result<_, _>>()
-                .context("sslrootcert")?,
+        let Some(roots) = &self.roots else {
+            store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            return Ok(store);
         };
-        for certificate in certificates {
+        for certificate in roots.certificates("sslrootcert")? {
             store.add(certificate).context("sslrootcert")?;
         }
-        anyhow::ensure!(!store.is_empty(), "sslrootcert holds no certificate");
         Ok(store)
+    }
+}
+
+impl Pem {
+    /// Every certificate it holds, in order (a chain starts with its own), or an error naming
+    /// `setting`.
+    fn certificates(&self, setting: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+        let certificates: Vec<_> = match self {
+            Self::File(path) => CertificateDer::pem_file_iter(path)
+                .and_then(|certificates| certificates.collect())
+                .with_context(|| format!("{setting} {}", path.display()))?,
+            Self::Text(text) => CertificateDer::pem_slice_iter(text.as_bytes())
+                .collect::<Result<_, _>>()
+                .with_context(|| setting.to_owned())?,
+        };
+        anyhow::ensure!(!certificates.is_empty(), "{setting} holds no certificate");
+        Ok(certificates)
+    }
+
+    /// The first private key it holds (PKCS #8, PKCS #1 or SEC1), or an error naming `setting`.
+    fn private_key(&self, setting: &str) -> anyhow::Result<PrivateKeyDer<'static>> {
+        match self {
+            Self::File(path) => PrivateKeyDer::from_pem_file(path)
+                .with_context(|| format!("{setting} {}", path.display())),
+            Self::Text(text) => {
+                PrivateKeyDer::from_pem_slice(text.as_bytes()).with_context(|| setting.to_owned())
+            }
+        }
+    }
+}
+
+impl Identity {
+    fn load(&self) -> anyhow::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+        Ok((
+            self.certificate.certificates("sslcert")?,
+            self.key.private_key("sslkey")?,
+        ))
     }
 }
 
