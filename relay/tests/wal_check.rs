@@ -337,7 +337,10 @@ async fn run_with_the_wal_source_refuses_what_it_cannot_do_before_connecting() {
     )
     .await;
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("sslcert and sslkey go together"), "{stderr}");
+    assert!(
+        stderr.contains("sslcert and sslkey go together"),
+        "{stderr}"
+    );
     assert!(
         !stderr.contains("secret"),
         "the password is not printed: {stderr}"

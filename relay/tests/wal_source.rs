@@ -1557,25 +1557,33 @@ async fn a_bulk_import_open_longer_than_the_overdue_threshold_is_delivered_by_th
 #[tokio::test]
 async fn a_polling_standby_leaves_a_bulk_import_to_the_wal_relay_delivering_it() {
     let _alone = HEAVY_OR_TIMED.lock().await;
-    // The import's 12,000 rows look overdue the moment it commits (open 11 s, the threshold is
-    // 10 s), and the WAL relay takes about 10 s here to decode and deliver it: a standby that takes
-    // overdue rows for a stuck reader claims and publishes them beside it.
+    // The import's 60,000 rows look overdue the moment it commits (open 11 s, the threshold is
+    // 10 s), and the WAL relay takes longer than the standby's 5 s grace to decode and deliver them
+    // (this debug build relayed 45,000 such rows in 12 s here): a standby that takes overdue rows for
+    // a stuck reader claims and publishes them beside it. Past the grace, the reader's marks keep
+    // the standby standing by.
     let world = World::new().await;
     let (mut wal, mut polling) = world.wal_relay_and_a_polling_standby(5).await;
-    one_large_transaction(&world.pool, 4_000, 12_000, Duration::from_secs(11)).await;
+    let started = Instant::now();
+    one_large_transaction(&world.pool, 20_000, 200, Duration::from_secs(11)).await;
+    let committed = started.elapsed();
     world
         .everything_delivered_once_in_order(&["wal", "polling"])
         .await;
     let log = world.log("polling");
-    assert!(
-        log.contains("is given time to deliver them"),
-        "the standby never saw the import's rows overdue: the test did not test\n{log}"
+    let timing = format!(
+        "committed {committed:?} and delivered {:?} after the transaction began",
+        started.elapsed()
     );
     assert!(
         !log.contains("claiming beside it"),
-        "the standby claimed beside the WAL relay delivering the import\n{log}"
+        "the standby claimed beside the WAL relay delivering the import ({timing})\n{log}"
     );
     assert_eq!(world.sent_by("polling").await, 0, "{log}");
+    assert!(
+        log.contains("marks rows as it delivers them"),
+        "the import was delivered within the grace: the reader's marks were never asked for ({timing})\n{log}"
+    );
     sigkill(&mut wal);
     sigkill(&mut polling);
 }
@@ -1590,7 +1598,8 @@ async fn a_row_the_broker_refuses_inside_a_large_transaction_goes_dead_through_p
     let nats = NatsServer::start_with_config("max_payload: 65536\n").expect("nats-server");
     let postgres = PostgresServer::start().expect("private PostgreSQL");
     let mut world = World::on_with(postgres, nats).await;
-    let mut relay = world.relay("wal");
+    // Three attempts, not twelve: polling's passes come every 5 s, one attempt each.
+    let mut relay = world.spawn_relay_via("wal", "wal", &world.nats_url, &["--max-attempts", "3"]);
     world.until_the_slot_is_read_and_everything_sent().await;
     one_large_transaction_padded(&world.pool, 500, 200, 100_000, Duration::ZERO).await;
     let big: uuid::Uuid =
@@ -1665,6 +1674,24 @@ async fn a_role_that_logs_in_with_a_client_certificate_reads_the_slot_presenting
         .await
         .expect_err("no certificate, no session");
     assert!(refused.to_string().contains("certificate"), "{refused}");
+    // The operator's check opens a replication session the same way.
+    let check = Command::new(RELAY)
+        .args(["wal", "check", "--json", "--database-url", &world.url])
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("wal check runs");
+    let findings: serde_json::Value =
+        serde_json::from_slice(&check.stdout).expect("the check's JSON");
+    let replication = findings["findings"]
+        .as_array()
+        .and_then(|findings| {
+            findings
+                .iter()
+                .find(|f| f["check"] == "replication connection")
+        })
+        .unwrap_or_else(|| panic!("no replication finding: {findings}"));
+    assert_eq!(replication["verdict"], "ok", "{findings}");
     write(&world.store, 2, 30).await;
     let mut relay = world.relay("cert");
     world.until_the_slot_is_read_and_everything_sent().await;

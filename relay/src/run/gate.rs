@@ -14,10 +14,11 @@
 //! Overdue rows alone do not tell a stuck WAL relay from a busy one: a bulk import's rows are due
 //! from their transaction's start, so an import open longer than the threshold looks overdue the
 //! moment it commits, while the WAL relay decodes it, then publishes and marks it part by part. So
-//! rows that wait are left to the slot's reader for [`OVERDUE_GRACE`], and then while another relay
-//! has marked rows within [`DELIVERING_WITHIN`], for at most [`LEAVE_OVERDUE_AT_MOST`] in a row: a
-//! reader that delivers nothing, or only some aggregates for longer than that, gets the lanes
-//! beside it.
+//! rows that wait are left to the slot's reader for [`OVERDUE_GRACE`], and then while that reader
+//! (its walsender's `application_name` names the relay) has marked rows within
+//! [`DELIVERING_WITHIN`], for at most [`LEAVE_OVERDUE_AT_MOST`] in a row: a reader that marks
+//! nothing gets the lanes beside it [`OVERDUE_GRACE`] after its rows became overdue, one that
+//! marks only some aggregates' rows [`LEAVE_OVERDUE_AT_MOST`] after.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -37,9 +38,8 @@ const LOOK_TIMEOUT: Duration = Duration::from_secs(5);
 /// relay's own polling pass for rows the slot never carries comes within 5 s). A reader stuck for
 /// good is claimed beside this much later than the rows became overdue.
 const OVERDUE_GRACE: Duration = Duration::from_secs(5);
-/// Marks by another relay this recent say the slot's reader is delivering. A WAL relay marks each
-/// batch as it is published; a large transaction's parts of 4 MiB of bodies take well under a second
-/// each here.
+/// Marks by the slot's reader this recent say it is delivering. A WAL relay marks each batch as it
+/// is published; a large transaction's parts of 4 MiB of bodies take well under a second each here.
 const DELIVERING_WITHIN: Duration = Duration::from_secs(3);
 /// How long in a row overdue rows are left to a slot's reader that is delivering: a 144 MB import is
 /// delivered in about 10 s here, and the WAL relay's own polling pass, which it puts off while it
@@ -54,13 +54,15 @@ enum Seen {
     /// A session (this walsender process id) reads it and no row waits: stand by.
     Read(i32),
     /// A session reads it and rows have been due for longer than
-    /// [`crate::config::UNDELIVERED_AFTER`], but only for [`OVERDUE_GRACE`] yet, or another relay
-    /// is marking rows sent: a large transaction being delivered. Stand by, for at most
+    /// [`crate::config::UNDELIVERED_AFTER`], but for less than [`OVERDUE_GRACE`] of looks yet:
+    /// stand by.
+    ReadJustOverdue(i32),
+    /// A session reads it, rows have been overdue for longer than the grace, and the reader is
+    /// marking rows sent: a large transaction being delivered. Stand by, for at most
     /// [`LEAVE_OVERDUE_AT_MOST`] in a row.
-    ReadAndDelivering(i32),
-    /// A session reads it, but rows have been due for longer than
-    /// [`crate::config::UNDELIVERED_AFTER`], and nobody else marked a row lately (or rows have
-    /// waited for longer than [`LEAVE_OVERDUE_AT_MOST`]).
+    ReadOverdueButMarking(i32),
+    /// A session reads it, but rows have been overdue past the grace and the reader marked no row
+    /// lately, or for longer than [`LEAVE_OVERDUE_AT_MOST`]: claim beside it.
     ReadButBehind(i32),
     /// The look failed or timed out.
     Unknown(String),
@@ -71,8 +73,49 @@ enum Seen {
 pub(super) struct SlotGate {
     standing_by: Arc<AtomicBool>,
     last: Arc<Mutex<Option<Seen>>>,
-    /// Since when every look has found rows overdue beside the slot's reader.
-    overdue_since: Arc<Mutex<Option<Instant>>>,
+    overdue: Arc<Mutex<OverdueClock>>,
+}
+
+/// Since when every look has found rows overdue beside the slot's reader.
+#[derive(Debug, Default)]
+struct OverdueClock {
+    since: Option<Instant>,
+}
+
+impl OverdueClock {
+    fn overdue_for(&self, now: Instant) -> Duration {
+        self.since.map_or(Duration::ZERO, |since| now - since)
+    }
+
+    /// Starts at the first look that finds rows overdue, stops at one that finds none (or nobody
+    /// reading the slot); a look that could not tell changes nothing.
+    fn note(&mut self, seen: &Seen, now: Instant) {
+        match seen {
+            Seen::ReadJustOverdue(_) | Seen::ReadOverdueButMarking(_) | Seen::ReadButBehind(_) => {
+                self.since.get_or_insert(now);
+            }
+            Seen::Free | Seen::Read(_) => self.since = None,
+            Seen::Unknown(_) => {}
+        }
+    }
+}
+
+/// Whether the reader's marks are worth asking for, rows having been overdue for `overdue_for`:
+/// only past the grace and within the bound do they decide anything.
+fn marks_matter(overdue_for: Duration) -> bool {
+    (OVERDUE_GRACE..LEAVE_OVERDUE_AT_MOST).contains(&overdue_for)
+}
+
+/// What a look that found the slot read by `pid` and rows overdue for `overdue_for` makes of it,
+/// `marking` saying whether the reader marked a row lately (asked only where [`marks_matter`]).
+fn overdue(pid: i32, overdue_for: Duration, marking: bool) -> Seen {
+    if overdue_for < OVERDUE_GRACE {
+        Seen::ReadJustOverdue(pid)
+    } else if marking && overdue_for < LEAVE_OVERDUE_AT_MOST {
+        Seen::ReadOverdueButMarking(pid)
+    } else {
+        Seen::ReadButBehind(pid)
+    }
 }
 
 impl SlotGate {
@@ -82,75 +125,68 @@ impl SlotGate {
     }
 
     /// Looks at `slot` now, so that the first claim already knows, then every second in a task that
-    /// wakes the lanes when they should claim again. `relay_id` is this relay's: its own marks are
-    /// no evidence that the slot's reader delivers. Without a slot the gate stays open and nothing
+    /// wakes the lanes when they should claim again. Without a slot the gate stays open and nothing
     /// runs.
     pub(super) async fn watch(
         pool: PgPool,
         slot: Option<String>,
-        relay_id: String,
         wakes: Vec<Arc<Notify>>,
     ) -> (Self, Option<JoinHandle<()>>) {
         let gate = Self::default();
         let Some(slot) = slot else {
             return (gate, None);
         };
-        gate.look(&pool, &slot, &relay_id, &wakes).await;
+        gate.look(&pool, &slot, &wakes).await;
         let task = tokio::spawn({
             let gate = gate.clone();
             async move {
                 loop {
                     tokio::time::sleep(LOOK_EVERY).await;
-                    gate.look(&pool, &slot, &relay_id, &wakes).await;
+                    gate.look(&pool, &slot, &wakes).await;
                 }
             }
         });
         (gate, Some(task))
     }
 
-    async fn look(&self, pool: &PgPool, slot: &str, relay_id: &str, wakes: &[Arc<Notify>]) {
+    async fn look(&self, pool: &PgPool, slot: &str, wakes: &[Arc<Notify>]) {
         let overdue_for = self
-            .overdue_since
+            .overdue
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .map_or(Duration::ZERO, |since| since.elapsed());
+            .overdue_for(Instant::now());
         let look = async {
             use store::outbox::admin::any_head_due_for_longer_than;
-            use store::outbox::relaying::{marked_by_another_within, slot_reader};
+            use store::outbox::relaying::{marked_by_slot_reader_within, slot_reader};
             let Some(pid) = slot_reader(pool, slot).await? else {
                 return Ok(Seen::Free);
             };
             if !any_head_due_for_longer_than(pool, crate::config::UNDELIVERED_AFTER).await? {
                 return Ok(Seen::Read(pid));
             }
-            let delivering = overdue_for < OVERDUE_GRACE
-                || (overdue_for < LEAVE_OVERDUE_AT_MOST
-                    && marked_by_another_within(pool, relay_id, DELIVERING_WITHIN).await?);
-            Ok::<_, sqlx::Error>(if delivering {
-                Seen::ReadAndDelivering(pid)
-            } else {
-                Seen::ReadButBehind(pid)
-            })
+            let marking = marks_matter(overdue_for)
+                && marked_by_slot_reader_within(
+                    pool,
+                    pid,
+                    crate::run::APPLICATION_PREFIX,
+                    DELIVERING_WITHIN,
+                )
+                .await?;
+            Ok::<_, sqlx::Error>(overdue(pid, overdue_for, marking))
         };
         let seen = match tokio::time::timeout(LOOK_TIMEOUT, look).await {
             Ok(Ok(seen)) => seen,
             Ok(Err(error)) => Seen::Unknown(error_chain(&error)),
             Err(_) => Seen::Unknown(format!("no answer within {LOOK_TIMEOUT:?}")),
         };
-        {
-            let mut since = self
-                .overdue_since
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            match seen {
-                Seen::ReadAndDelivering(_) | Seen::ReadButBehind(_) => {
-                    since.get_or_insert_with(Instant::now);
-                }
-                Seen::Free | Seen::Read(_) => *since = None,
-                Seen::Unknown(_) => {}
-            }
-        }
-        let stand_by = matches!(seen, Seen::Read(_) | Seen::ReadAndDelivering(_));
+        self.overdue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .note(&seen, Instant::now());
+        let stand_by = matches!(
+            seen,
+            Seen::Read(_) | Seen::ReadJustOverdue(_) | Seen::ReadOverdueButMarking(_)
+        );
         let was = self.standing_by.swap(stand_by, Ordering::Relaxed);
         metrics::gauge!("waybill_relay_standing_by").set(f64::from(u8::from(stand_by)));
         if was && !stand_by {
@@ -171,11 +207,17 @@ impl SlotGate {
                 walsender_pid = pid,
                 "a WAL relay reads the slot; standing by (this relay claims nothing while it keeps up)"
             ),
-            Seen::ReadAndDelivering(pid) => tracing::info!(
+            Seen::ReadJustOverdue(pid) => tracing::debug!(
+                slot,
+                walsender_pid = pid,
+                grace = ?OVERDUE_GRACE,
+                "outbox rows look overdue; the WAL relay reading the slot gets a grace to deliver them (a large transaction just committed?)"
+            ),
+            Seen::ReadOverdueButMarking(pid) => tracing::info!(
                 slot,
                 walsender_pid = pid,
                 at_most = ?LEAVE_OVERDUE_AT_MOST,
-                "outbox rows look overdue, but a WAL relay reads the slot and is given time to deliver them (a large transaction); standing by while it marks rows"
+                "outbox rows have been overdue past the grace, but the WAL relay reading the slot marks rows as it delivers them (a large transaction); standing by"
             ),
             Seen::ReadButBehind(pid) => tracing::warn!(
                 slot,
@@ -190,5 +232,53 @@ impl SlotGate {
             ),
         }
         *last = Some(seen);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overdue_rows_are_left_to_the_reader_for_the_grace_then_while_it_marks_then_claimed() {
+        let second = Duration::from_secs(1);
+        // Within the grace: standing by, marks or not (they are not even asked for).
+        assert!(!marks_matter(Duration::ZERO));
+        assert_eq!(overdue(7, Duration::ZERO, false), Seen::ReadJustOverdue(7));
+        assert_eq!(
+            overdue(7, OVERDUE_GRACE - second, false),
+            Seen::ReadJustOverdue(7)
+        );
+        // Past it: the reader's marks decide.
+        assert!(marks_matter(OVERDUE_GRACE));
+        assert_eq!(
+            overdue(7, OVERDUE_GRACE, true),
+            Seen::ReadOverdueButMarking(7)
+        );
+        assert_eq!(overdue(7, OVERDUE_GRACE, false), Seen::ReadButBehind(7));
+        // Past the bound: claimed beside a reader that still marks (some aggregates only).
+        assert!(!marks_matter(LEAVE_OVERDUE_AT_MOST));
+        assert_eq!(
+            overdue(7, LEAVE_OVERDUE_AT_MOST, true),
+            Seen::ReadButBehind(7)
+        );
+    }
+
+    #[test]
+    fn the_overdue_clock_runs_from_the_first_overdue_look_until_one_finds_none() {
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        let mut clock = OverdueClock::default();
+        assert_eq!(clock.overdue_for(at(3)), Duration::ZERO);
+        clock.note(&Seen::ReadJustOverdue(7), at(1));
+        clock.note(&Seen::ReadOverdueButMarking(7), at(6));
+        // A look that could not tell neither stops nor restarts it.
+        clock.note(&Seen::Unknown("timeout".into()), at(7));
+        assert_eq!(clock.overdue_for(at(9)), Duration::from_secs(8));
+        clock.note(&Seen::Read(7), at(10));
+        assert_eq!(clock.overdue_for(at(11)), Duration::ZERO);
+        clock.note(&Seen::ReadButBehind(7), at(12));
+        clock.note(&Seen::Free, at(13));
+        assert_eq!(clock.overdue_for(at(14)), Duration::ZERO);
     }
 }

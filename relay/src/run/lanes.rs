@@ -50,7 +50,6 @@ impl Relay {
         let (gate, gate_task) = SlotGate::watch(
             self.pool.clone(),
             self.config.stand_by_for_slot.clone(),
-            self.config.relay_id.clone(),
             wakes.clone(),
         )
         .await;

@@ -543,24 +543,30 @@ pub async fn mark_delivered(
     })
 }
 
-/// Whether a relay other than `relay_id` marked a row sent within the last `within`: evidence that
-/// the WAL relay reading the slot is delivering, however overdue its rows look — the rows of a bulk
-/// import are due from their transaction's start, so they look overdue the moment it commits, while
-/// that relay publishes and marks them part by part. Uses retention's index on `sent_at`.
-pub async fn marked_by_another_within(
+/// Whether the relay reading a replication slot through the walsender `walsender_pid` marked a row
+/// sent within the last `within`: evidence that it is delivering, however overdue its rows look —
+/// the rows of a bulk import are due from their transaction's start, so they look overdue the moment
+/// it commits, while that relay publishes and marks them part by part. The walsender's
+/// `application_name` is `application_prefix` and the relay's id, which its marks write as
+/// `claimed_by`; PostgreSQL keeps 63 bytes of a name, so the id is compared as far as it was kept.
+/// Uses retention's index on `sent_at`.
+pub async fn marked_by_slot_reader_within(
     pool: &PgPool,
-    relay_id: &str,
+    walsender_pid: i32,
+    application_prefix: &str,
     within: Duration,
 ) -> sqlx::Result<bool> {
     sqlx::query_scalar(
-        "SELECT EXISTS (
-            SELECT 1 FROM outbox
-            WHERE status = 'sent' AND sent_at > now() - $1 * interval '1 second'
-              AND claimed_by IS DISTINCT FROM $2
-        )",
+        "WITH reader AS (SELECT application_name AS name FROM pg_stat_activity WHERE pid = $2)
+         SELECT EXISTS (
+            SELECT 1 FROM outbox o, reader r
+            WHERE o.status = 'sent' AND o.sent_at > now() - $1 * interval '1 second'
+              AND left($3 || o.claimed_by, 63) = r.name
+         )",
     )
     .bind(within.as_secs_f64())
-    .bind(relay_id)
+    .bind(walsender_pid)
+    .bind(application_prefix)
     .fetch_one(pool)
     .await
 }
