@@ -1,7 +1,7 @@
 //! `store::outbox`'s reads and fixtures against a real PostgreSQL: the table is read and changed here
 //! with SQL of its own, to check the module rather than through it.
 
-use sqlx::PgPool;
+use sqlx::{Connection, PgPool};
 use store::outbox::admin::{StatusCounts, counts, row_of_event, timeline};
 use store::outbox::{Status, fixtures};
 use store::{CommandContext, EventStore};
@@ -248,4 +248,68 @@ async fn the_fixtures_read_and_forget_rows(pool: PgPool) {
     .await
     .expect("left");
     assert_eq!(left, vec![1]);
+}
+
+/// The slot reader's marks are told by its session's `application_name` (prefix and relay id, cut
+/// at 63 bytes as PostgreSQL cuts it) and by how recent they are; other relays' marks do not count.
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_readers_recent_marks_are_told_from_other_relays_and_old_ones(pool: PgPool) {
+    use std::time::Duration;
+    use store::outbox::relaying::marked_by_slot_reader_within;
+    let store = EventStore::new(pool.clone());
+    let (_, event) = placed(&store).await;
+    let mark = |by: &'static str, ago: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "UPDATE outbox SET status = 'sent', claimed_by = $2,
+                     sent_at = clock_timestamp() - $3::interval WHERE event_id = $1",
+            )
+            .bind(event)
+            .bind(by)
+            .bind(ago)
+            .execute(&pool)
+            .await
+            .expect("marked");
+        }
+    };
+    // A session standing in for the reader's walsender, named as the relay names its sessions.
+    let long_id = "relay-with-a-name-longer-than-postgresql-keeps-of-it-in-full";
+    let mut reader = sqlx::postgres::PgConnection::connect_with(
+        &pool
+            .connect_options()
+            .as_ref()
+            .clone()
+            .application_name(&format!("waybill-relay {long_id}")),
+    )
+    .await
+    .expect("a reader's session");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut reader)
+        .await
+        .expect("its pid");
+    let lately =
+        || marked_by_slot_reader_within(&pool, pid, "waybill-relay ", Duration::from_secs(3));
+
+    mark(long_id, "0 seconds").await;
+    assert!(
+        lately().await.expect("look"),
+        "the reader's own mark, just now"
+    );
+    mark(long_id, "10 seconds").await;
+    assert!(!lately().await.expect("look"), "the reader's mark, too old");
+    mark("standby-2", "0 seconds").await;
+    assert!(!lately().await.expect("look"), "another relay's mark");
+    // Another session's pid (this pool's) is no reader of ours.
+    mark(long_id, "0 seconds").await;
+    let other: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .expect("a pid");
+    assert!(
+        !marked_by_slot_reader_within(&pool, other, "waybill-relay ", Duration::from_secs(3))
+            .await
+            .expect("look")
+    );
+    drop(reader);
 }
