@@ -93,80 +93,72 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// A client certificate whose name (CN) is `user`, signed by the CA [`certificates`] made in `dir`:
 /// the certificate's and its key's paths.
 pub(crate) fn client_certificate(dir: &Path, user: &str) -> (PathBuf, PathBuf) {
-    let run = |args: &[&str]| openssl(dir, args);
-    let subject = format!("/CN={user}");
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").expect("ext");
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        &subject,
-        "-keyout",
-        "client-key.pem",
-        "-out",
-        "client.csr",
-    ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "client.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca-key.pem",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        // An extension makes it an X.509 v3 certificate, the only version webpki accepts.
-        "-extfile",
-        "client.ext",
-        "-out",
-        "client.pem",
-    ]);
-    (dir.join("client.pem"), dir.join("client-key.pem"))
+    signed(
+        dir,
+        "client",
+        &format!("/CN={user}"),
+        "extendedKeyUsage=clientAuth",
+    )
 }
 
 /// A self-signed CA and a server certificate for `names` (a `subjectAltName` list, such as
 /// [`LOOPBACK_NAMES`]), made with the openssl command in `dir`: the CA's, the server's and the
 /// server key's paths.
 pub(crate) fn certificates(dir: &Path, names: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let ca = self_signed_ca(dir, "waybill test CA");
+    let (server, key) = signed(
+        dir,
+        "server",
+        "/CN=127.0.0.1",
+        &format!("subjectAltName={names}"),
+    );
+    (ca, server, key)
+}
+
+/// A certificate authority of its own named `common_name`, made with the openssl command in `dir`
+/// (`ca.pem`, its key `ca-key.pem`): its certificate's path. A stranger to every other one.
+pub fn self_signed_ca(dir: &Path, common_name: &str) -> PathBuf {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            &format!("/CN={common_name}"),
+            "-keyout",
+            "ca-key.pem",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    dir.join("ca.pem")
+}
+
+/// A key and a certificate for `subject` with the extension `extension` (which also makes it an
+/// X.509 v3 certificate, the only version webpki accepts), signed by the CA in `dir`, written as
+/// `<name>.pem` and `<name>-key.pem`: their paths.
+fn signed(dir: &Path, name: &str, subject: &str, extension: &str) -> (PathBuf, PathBuf) {
+    let (request, certificate, key, extensions) = (
+        format!("{name}.csr"),
+        format!("{name}.pem"),
+        format!("{name}-key.pem"),
+        format!("{name}.ext"),
+    );
     let run = |args: &[&str]| openssl(dir, args);
     run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=waybill test CA",
-        "-keyout",
-        "ca-key.pem",
-        "-out",
-        "ca.pem",
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", &key, "-out", &request,
     ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "server-key.pem",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(dir.join("san.ext"), format!("subjectAltName={names}\n")).expect("ext");
+    std::fs::write(dir.join(&extensions), format!("{extension}\n")).expect("ext");
     run(&[
         "x509",
         "-req",
         "-in",
-        "server.csr",
+        &request,
         "-CA",
         "ca.pem",
         "-CAkey",
@@ -175,15 +167,11 @@ pub(crate) fn certificates(dir: &Path, names: &str) -> (PathBuf, PathBuf, PathBu
         "-days",
         "1",
         "-extfile",
-        "san.ext",
+        &extensions,
         "-out",
-        "server.pem",
+        &certificate,
     ]);
-    (
-        dir.join("ca.pem"),
-        dir.join("server.pem"),
-        dir.join("server-key.pem"),
-    )
+    (dir.join(certificate), dir.join(key))
 }
 
 /// `text` with every remaining `$WAYBILL_<NAME>_PASSWORD` replaced by `"<name>-pw"`: nats-server

@@ -59,24 +59,7 @@ async fn sslmode_require_encrypts_and_the_commands_work(pool: PgPool) {
     let dir = tempfile::TempDir::with_prefix("waybill-ca-")
         .expect("temp dir")
         .keep();
-    let status = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=stranger",
-        ])
-        .args(["-keyout", "key.pem", "-out", "ca.pem"])
-        .current_dir(&dir)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl");
-    assert!(status.success());
+    testkit::secure_nats::self_signed_ca(&dir, "stranger");
     let stranger = with_parameter(
         &url.replace("sslmode=require", "sslmode=verify-ca"),
         &format!("sslrootcert={}", dir.join("ca.pem").display()),
