@@ -170,19 +170,59 @@ impl RelayConfig {
     }
 }
 
-/// `relay-<hostname>-<pid>`: tells instances apart in `claimed_by` and in logs.
+/// The longest relay id a session's `application_name` keeps whole after
+/// [`crate::run::APPLICATION_PREFIX`]: PostgreSQL keeps 63 bytes of it, and turns bytes outside
+/// printable ASCII into `?`. A polling standby knows the WAL relay's marks by that name
+/// (`run/gate.rs`).
+pub const RELAY_ID_KEPT: usize = 63 - crate::run::APPLICATION_PREFIX.len();
+
+/// Whether PostgreSQL keeps `relay_id` whole in the relay's `application_name`.
+pub fn relay_id_kept_whole(relay_id: &str) -> bool {
+    relay_id.len() <= RELAY_ID_KEPT && relay_id.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+}
+
+/// `relay-<hostname>-<pid>`: tells instances apart in `claimed_by` and in logs. The host name is
+/// cut (and kept to printable ASCII) so that the whole id, pid included, fits in
+/// [`RELAY_ID_KEPT`] bytes: two relays of one long-named host must not share a name.
 pub fn default_relay_id() -> String {
     let host = std::fs::read_to_string("/etc/hostname")
         .ok()
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_owned());
-    format!("relay-{host}-{}", std::process::id())
+    relay_id_of(&host, std::process::id())
+}
+
+fn relay_id_of(host: &str, pid: u32) -> String {
+    let pid = pid.to_string();
+    let room = RELAY_ID_KEPT.saturating_sub("relay-".len() + 1 + pid.len());
+    let host: String = host
+        .chars()
+        .map(|c| if c.is_ascii_graphic() { c } else { '-' })
+        .take(room)
+        .collect();
+    format!("relay-{host}-{pid}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_default_relay_id_fits_the_session_name_whole_whatever_the_host() {
+        assert_eq!(relay_id_of("shop-1", 42), "relay-shop-1-42");
+        let long = "ip-172-31-45-120.eu-central-1.compute.internal.example";
+        let (a, b) = (relay_id_of(long, 1_234_567), relay_id_of(long, 7_654_321));
+        assert!(
+            relay_id_kept_whole(&a) && relay_id_kept_whole(&b),
+            "{a} {b}"
+        );
+        assert_ne!(a, b, "the pid survives the cut");
+        assert!(a.ends_with("-1234567"), "{a}");
+        assert!(relay_id_kept_whole(&relay_id_of("höst", 1)));
+        assert!(!relay_id_kept_whole("relay-müller"));
+        assert!(!relay_id_kept_whole(&"r".repeat(RELAY_ID_KEPT + 1)));
+    }
 
     #[test]
     fn the_lane_count_is_at_least_one_and_saturates_instead_of_wrapping() {

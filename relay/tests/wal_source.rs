@@ -1177,23 +1177,7 @@ async fn the_replication_session_is_encrypted_and_checked_as_the_url_says() {
     // The check is the relay's own, before the replication client sends a byte: a CA that did not
     // sign the server's certificate is refused, and a server without TLS too.
     let stranger = tempfile::tempdir().expect("a directory");
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        ])
-        .args([
-            "-subj",
-            "/CN=stranger",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "ca.pem",
-        ])
-        .current_dir(stranger.path())
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl");
-    assert!(made.success());
+    let stranger_ca = testkit::secure_nats::self_signed_ca(stranger.path(), "stranger");
     let port = url::Url::parse(&plain_url)
         .expect("URL")
         .port()
@@ -1208,7 +1192,7 @@ async fn the_replication_session_is_encrypted_and_checked_as_the_url_says() {
     let refused = target(
         port,
         relay::wal::tls::Verify::Authority,
-        Some(relay::wal::tls::Pem::File(stranger.path().join("ca.pem"))),
+        Some(relay::wal::tls::Pem::File(stranger_ca)),
     )
     .open_bridge()
     .await
@@ -1674,24 +1658,28 @@ async fn a_role_that_logs_in_with_a_client_certificate_reads_the_slot_presenting
         .await
         .expect_err("no certificate, no session");
     assert!(refused.to_string().contains("certificate"), "{refused}");
-    // The operator's check opens a replication session the same way.
-    let check = Command::new(RELAY)
-        .args(["wal", "check", "--json", "--database-url", &world.url])
-        .env("RUST_LOG", "warn")
-        .output()
-        .await
-        .expect("wal check runs");
-    let findings: serde_json::Value =
-        serde_json::from_slice(&check.stdout).expect("the check's JSON");
-    let replication = findings["findings"]
-        .as_array()
-        .and_then(|findings| {
-            findings
-                .iter()
-                .find(|f| f["check"] == "replication connection")
-        })
-        .unwrap_or_else(|| panic!("no replication finding: {findings}"));
-    assert_eq!(replication["verdict"], "ok", "{findings}");
+    // The operator's check opens a replication session the same way, under sqlx's default
+    // `prefer` too (the pool presents the certificate in the TLS the server offers).
+    let prefer = world.url.replace("sslmode=verify-full", "sslmode=prefer");
+    for url in [&world.url, &prefer] {
+        let check = Command::new(RELAY)
+            .args(["wal", "check", "--json", "--database-url", url])
+            .env("RUST_LOG", "warn")
+            .output()
+            .await
+            .expect("wal check runs");
+        let findings: serde_json::Value =
+            serde_json::from_slice(&check.stdout).expect("the check's JSON");
+        let replication = findings["findings"]
+            .as_array()
+            .and_then(|findings| {
+                findings
+                    .iter()
+                    .find(|f| f["check"] == "replication connection")
+            })
+            .unwrap_or_else(|| panic!("no replication finding: {findings}"));
+        assert_eq!(replication["verdict"], "ok", "{url}: {findings}");
+    }
     write(&world.store, 2, 30).await;
     let mut relay = world.relay("cert");
     world.until_the_slot_is_read_and_everything_sent().await;

@@ -67,8 +67,8 @@ impl Replication {
 /// A replication session's settings from the relay's `DATABASE_URL`, read as the relay's other
 /// sessions read it. `sslmode=require`, `verify-ca` and `verify-full` get TLS checked as for those
 /// sessions (`sslrootcert`, or the public authorities), and present the client certificate of
-/// `sslcert` and `sslkey` when the URL names one; `prefer` and `allow` stay in plain text, as
-/// before.
+/// `sslcert` and `sslkey` when the URL names one; `prefer` does too when there is a certificate
+/// to present, and otherwise stays in plain text with `allow`, as before.
 pub fn replication_config(
     database_url: &str,
     slot: &str,
@@ -110,51 +110,48 @@ pub fn replication_config(
             .map_err(|_| ops::Refused::new("the database URL's password is not UTF-8"))?
             .unwrap_or_default(),
     };
+    // sqlx keeps its certificate settings private; its URL of the options shows them, a file as
+    // `file: <path>`, PEM text (from `PGSSLCERT` and the like) as itself.
+    let settings = options.to_url_lossy();
+    let pem = |key: &str| {
+        settings
+            .query_pairs()
+            .find(|(k, _)| k == key)
+            .map(|(_, value)| match value.strip_prefix("file: ") {
+                Some(path) => Pem::File(path.into()),
+                None => Pem::Text(value.into_owned()),
+            })
+    };
+    let identity = match (pem("sslcert"), pem("sslkey")) {
+        (None, None) => None,
+        (Some(certificate), Some(key)) => Some(Identity { certificate, key }),
+        // sqlx would connect without a certificate; a server that asks for one refuses that with
+        // less to go on.
+        _ => {
+            return Err(ops::Refused::new(
+                "sslcert and sslkey go together: the client certificate needs its key, and the \
+                 key its certificate",
+            ));
+        }
+    };
     let verify = match options.get_ssl_mode() {
         PgSslMode::Require => Some(Verify::Nothing),
         PgSslMode::VerifyCa => Some(Verify::Authority),
         PgSslMode::VerifyFull => Some(Verify::AuthorityAndName),
+        // The pool, under `prefer`, takes the TLS a server offers and presents the certificate in
+        // it: a server that asks for one gets it. The replication session does the same, as under
+        // `require` (it fails on a server without TLS, where the pool would go on in plain text).
+        PgSslMode::Prefer if identity.is_some() => Some(Verify::Nothing),
+        // Plain text, as the pool may be: prefer and allow promise no encryption.
         PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => None,
     };
-    let tls = match verify {
-        None => None,
-        Some(verify) => {
-            // sqlx keeps its certificate settings private; its URL of the options shows them.
-            let settings = options.to_url_lossy();
-            let setting = |key: &str| {
-                settings
-                    .query_pairs()
-                    .find(|(k, _)| k == key)
-                    .map(|(_, v)| v.into_owned())
-            };
-            // sqlx shows a file as `file: <path>`, PEM text as itself.
-            let pem = |key: &str| {
-                setting(key).map(|value| match value.strip_prefix("file: ") {
-                    Some(path) => Pem::File(path.into()),
-                    None => Pem::Text(value),
-                })
-            };
-            let identity = match (pem("sslcert"), pem("sslkey")) {
-                (None, None) => None,
-                (Some(certificate), Some(key)) => Some(Identity { certificate, key }),
-                // sqlx would connect without a certificate; a server that asks for one refuses
-                // that with less to go on.
-                _ => {
-                    return Err(ops::Refused::new(
-                        "sslcert and sslkey go together: the client certificate needs its key, \
-                         and the key its certificate",
-                    ));
-                }
-            };
-            Some(TlsTarget {
-                host: host.clone(),
-                port,
-                verify,
-                roots: pem("sslrootcert"),
-                identity,
-            })
-        }
-    };
+    let tls = verify.map(|verify| TlsTarget {
+        host: host.clone(),
+        port,
+        verify,
+        roots: pem("sslrootcert"),
+        identity,
+    });
     let config = ReplicationConfig::new(host, user, password, database, slot, publication)
         .with_port(port)
         .with_tls(TlsConfig::disabled())
@@ -776,6 +773,13 @@ mod tests {
                 certificate: Pem::File("/c.pem".into()),
                 key: Pem::File("/k.pem".into()),
             })
+        );
+        // Under prefer (sqlx's default) the pool presents it in the TLS the server offers: so does
+        // the replication session, rather than stay in plain text where a certificate is asked for.
+        assert_eq!(
+            tls("postgres://relay@db/shop?sslcert=/c.pem&sslkey=/k.pem")
+                .map(|target| (target.verify, target.identity.is_some())),
+            Some((Verify::Nothing, true))
         );
         for half in ["sslcert=/c.pem", "sslkey=/k.pem"] {
             let refused = replication_config(

@@ -123,6 +123,17 @@ impl Relay {
         slot::check_name("publication", &source.publication)?;
         // Refused now, not at the first session: a URL the replication session cannot follow.
         slot::replication_config(&source.database_url, &source.slot, &source.publication)?;
+        let relay_id = &self.config().relay_id;
+        if !crate::config::relay_id_kept_whole(relay_id) {
+            tracing::warn!(
+                relay_id,
+                kept = crate::config::RELAY_ID_KEPT,
+                "PostgreSQL does not keep this relay id whole in the session's application_name \
+                 (over the bytes kept, or outside printable ASCII): a polling standby cannot tell \
+                 this relay's marks, and claims beside it 5 s after rows look overdue (a bulk import \
+                 is then published twice, the copies deduplicated)"
+            );
+        }
         slot::refuse_what_is_missing(
             self.pool(),
             &source.database_url,
