@@ -170,8 +170,8 @@ impl RelayConfig {
     }
 }
 
-/// The longest relay id a session's `application_name` keeps whole after
-/// [`crate::run::APPLICATION_PREFIX`]: PostgreSQL keeps 63 bytes of it, and turns bytes outside
+/// The longest relay id a session's `application_name` keeps whole after the relay's prefix
+/// (`waybill-relay `): PostgreSQL keeps 63 bytes of it, and turns bytes outside
 /// printable ASCII into `?`. A polling standby knows the WAL relay's marks by that name
 /// (`run/gate.rs`).
 pub const RELAY_ID_KEPT: usize = 63 - crate::run::APPLICATION_PREFIX.len();
