@@ -170,11 +170,15 @@ impl RelayConfig {
     }
 }
 
+/// How a relay names its PostgreSQL sessions (`application_name`), followed by its relay id. Relays
+/// end each other's stalled claims by this prefix; nothing else may use it.
+pub(crate) const APPLICATION_PREFIX: &str = "waybill-relay ";
+
 /// The longest relay id a session's `application_name` keeps whole after the relay's prefix
 /// (`waybill-relay `): PostgreSQL keeps 63 bytes of it, and turns bytes outside
 /// printable ASCII into `?`. A polling standby knows the WAL relay's marks by that name
 /// (`run/gate.rs`).
-pub const RELAY_ID_KEPT: usize = 63 - crate::run::APPLICATION_PREFIX.len();
+pub const RELAY_ID_KEPT: usize = 63 - APPLICATION_PREFIX.len();
 
 /// Whether PostgreSQL keeps `relay_id` whole in the relay's `application_name`.
 pub fn relay_id_kept_whole(relay_id: &str) -> bool {

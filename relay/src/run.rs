@@ -28,10 +28,6 @@ use crate::stream::{ProvisionError, ensure_stream};
 pub(crate) use chores::Chores;
 pub use summary::RunSummary;
 
-/// How a relay names its PostgreSQL sessions (`application_name`), followed by its relay id. Relays
-/// end each other's stalled claims by this prefix; nothing else may use it.
-pub(crate) const APPLICATION_PREFIX: &str = "waybill-relay ";
-
 /// Why [`Relay::connect`] failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -70,7 +66,7 @@ impl Relay {
         let pool = ops::database::connect_with(
             database_url,
             // The prefix is how relays recognise each other's sessions (`waybill_end_stale_claims`).
-            &format!("{APPLICATION_PREFIX}{}", config.relay_id),
+            &format!("{}{}", crate::config::APPLICATION_PREFIX, config.relay_id),
             // Per lane: the claim transaction (the journal has its own pool); plus the gauges,
             // the notification listener (which keeps its connection) and the retention sweep.
             config.lane_count().saturating_add(3),

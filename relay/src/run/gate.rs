@@ -168,7 +168,7 @@ impl SlotGate {
                 && marked_by_slot_reader_within(
                     pool,
                     pid,
-                    crate::run::APPLICATION_PREFIX,
+                    crate::config::APPLICATION_PREFIX,
                     DELIVERING_WITHIN,
                 )
                 .await?;

@@ -318,7 +318,7 @@ impl Relay {
             // Named like the relay's other sessions: operators and the bench find its walsender.
             .with_application_name(format!(
                 "{}{}",
-                crate::run::APPLICATION_PREFIX,
+                crate::config::APPLICATION_PREFIX,
                 self.config().relay_id
             ));
         let mut client = replication.connect().await?;
