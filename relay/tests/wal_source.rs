@@ -19,9 +19,10 @@ const RELAY: &str = env!("CARGO_BIN_EXE_waybill-relay");
 const STREAM: &str = "WAL_EVENTS";
 const PREFIX: &str = "wal.events";
 
-/// Taken by the tests that write a transaction of 144 MB, and by the one that counts polling passes
+/// Taken by the tests that write a large transaction, and by the one that counts polling passes
 /// against the clock: run beside such a transaction on two cores, that one's passes came late (one
-/// failure in a full run), and the two large ones are not run beside each other either.
+/// failure in a full run, and another beside the 1,500-row transaction of the broker-refuses test),
+/// and the large ones are not run beside each other either.
 static HEAVY_OR_TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct World {
@@ -1575,6 +1576,7 @@ async fn a_polling_standby_leaves_a_bulk_import_to_the_wal_relay_delivering_it()
 #[tokio::test]
 async fn a_row_the_broker_refuses_inside_a_large_transaction_goes_dead_through_polling_and_the_rest_flows()
  {
+    let _alone = HEAVY_OR_TIMED.lock().await;
     // One body over the server's `max_payload` among 1,500 rows of one commit: the stream tries it,
     // hands its order to polling, and polling parks it dead with the broker's reason; the order's
     // later versions wait behind it, every other row is delivered and marked, and the slot moves
